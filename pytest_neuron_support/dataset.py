@@ -1,0 +1,231 @@
+"""The results dataset: one Parquet file per stack, crash-safe parts, and its card.
+
+Layout of ``--results-dir``::
+
+    README.md                       dataset card (YAML front matter declares the configs)
+    data/neuronxcc-<v>__transformers-<v>.parquet
+    .parts/<session>/<n>.json      rows written as items finish (crash safety)
+
+``pandas.read_parquet("<results-dir>/data")`` loads every stack. Rows are keyed by
+(model_id, device) inside a stack's file: rerunning a model replaces its row and nothing
+else. Every write goes to a temporary file and is renamed into place, under a file lock, so
+concurrent sessions and shards never lose or tear a row.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import shutil
+import uuid
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from filelock import FileLock
+
+from .records import COLUMN_DOCS, COLUMN_TYPES, RESULTS, STAGES, Row, arrow_schema
+
+DATA_DIR = "data"
+PARTS_DIR = ".parts"
+LOCK_NAME = ".dataset.lock"
+
+
+def row_key(row: Row) -> tuple[str, str]:
+    return (row.model_id, row.device)
+
+
+def stack_stem(row: Row) -> str:
+    return f"neuronxcc-{row.neuronx_cc}__{row.library}-{row.library_version}"
+
+
+def read_rows(path: Path) -> list[Row]:
+    """Rows of one Parquet file."""
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(path)
+    return [Row.from_mapping(record) for record in table.to_pylist()]
+
+
+def read_dataset(results_dir: Path) -> list[Row]:
+    """Every row of every stack file under ``results_dir/data``."""
+    data = results_dir / DATA_DIR
+    rows: list[Row] = []
+    for path in sorted(data.glob("*.parquet")):
+        rows.extend(read_rows(path))
+    return rows
+
+
+def _write_table(path: Path, rows: Sequence[Row]) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.Table.from_pylist([dataclasses.asdict(r) for r in rows], schema=arrow_schema())
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    try:
+        pq.write_table(table, tmp)
+        with open(tmp, "rb") as handle:
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+
+
+def write_rows(results_dir: Path, rows: Iterable[Row]) -> list[Path]:
+    """Merge ``rows`` into the dataset; return the Parquet files touched."""
+    by_stack: dict[str, list[Row]] = defaultdict(list)
+    for row in rows:
+        by_stack[stack_stem(row)].append(row)
+    if not by_stack:
+        return []
+    data = results_dir / DATA_DIR
+    data.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    with FileLock(str(results_dir / LOCK_NAME)):
+        for stem, new_rows in sorted(by_stack.items()):
+            path = data / f"{stem}.parquet"
+            merged = {row_key(r): r for r in (read_rows(path) if path.exists() else [])}
+            for row in new_rows:
+                merged[row_key(row)] = row
+            _write_table(path, sorted(merged.values(), key=row_key))
+            written.append(path)
+        write_card(results_dir)
+    return written
+
+
+class PartWriter:
+    """Writes each finished row at once as its own JSON file (temp file + rename).
+
+    A session killed mid-sweep leaves its finished rows here; the next session (or
+    :func:`recover_parts`) merges them into the Parquet files.
+    """
+
+    def __init__(self, results_dir: Path, session: str | None = None) -> None:
+        self.directory = results_dir / PARTS_DIR / (session or uuid.uuid4().hex)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._count = 0
+
+    def add(self, row: Row) -> Path:
+        self._count += 1
+        path = self.directory / f"{self._count:06d}.json"
+        tmp = path.with_suffix(".tmp")
+        with open(tmp, "w", encoding="utf-8") as handle:
+            handle.write(row.to_json())
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+        return path
+
+    def rows(self) -> list[Row]:
+        return _read_part_dir(self.directory)
+
+    def commit(self, results_dir: Path) -> list[Path]:
+        """Merge this session's rows into Parquet, then drop the parts."""
+        written = write_rows(results_dir, self.rows())
+        shutil.rmtree(self.directory, ignore_errors=True)
+        return written
+
+
+def _read_part_dir(directory: Path) -> list[Row]:
+    rows = []
+    for path in sorted(directory.glob("*.json")):
+        try:
+            rows.append(Row.from_json(path.read_text(encoding="utf-8")))
+        except (OSError, ValueError, TypeError):
+            continue  # a torn write never got renamed into place; nothing to recover
+    return rows
+
+
+def recover_parts(results_dir: Path, *, keep: Path | None = None) -> int:
+    """Merge rows left by killed sessions into Parquet; return how many were recovered."""
+    parts = results_dir / PARTS_DIR
+    if not parts.is_dir():
+        return 0
+    recovered = 0
+    for directory in sorted(p for p in parts.iterdir() if p.is_dir()):
+        if keep is not None and directory.resolve() == keep.resolve():
+            continue
+        rows = _read_part_dir(directory)
+        write_rows(results_dir, rows)
+        recovered += len(rows)
+        shutil.rmtree(directory, ignore_errors=True)
+    return recovered
+
+
+def check_writable(results_dir: Path) -> None:
+    """Raise OSError now, before the sweep, if rows could not be written later."""
+    results_dir.mkdir(parents=True, exist_ok=True)
+    probe = results_dir / f".write-probe-{uuid.uuid4().hex}"
+    try:
+        with open(probe, "wb") as handle:
+            handle.write(b"\0" * 65536)  # a full disk fails here, not after an hour of work
+            handle.flush()
+            os.fsync(handle.fileno())
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            probe.unlink()
+
+
+def render_card(results_dir: Path) -> str:
+    """The dataset card: Hub ``configs`` front matter, result and stage definitions, columns."""
+    files = sorted((results_dir / DATA_DIR).glob("*.parquet"))
+    lines = [
+        "---",
+        "configs:",
+        "- config_name: default",
+        "  data_files:",
+        "  - split: train",
+        "    path: data/*.parquet",
+    ]
+    for path in files:
+        lines += [
+            f"- config_name: {path.stem}",
+            "  data_files:",
+            "  - split: train",
+            f"    path: {DATA_DIR}/{path.name}",
+        ]
+    lines += [
+        "tags:",
+        "- aws-neuron",
+        "- trainium",
+        "---",
+        "",
+        "# Model support on AWS Trainium (TorchNeuron)",
+        "",
+        "Each row says whether one Hugging Face Hub model ran unmodified through TorchNeuron",
+        '(`from_pretrained(device_map="neuron")`, greedy `generate()` with a static cache, compiled',
+        "decoding) on one software stack, and the evidence. Made by pytest-neuron-support; one",
+        "Parquet file per (neuronx-cc version, library, library version).",
+        "",
+        "```python",
+        "import pandas as pd",
+        'df = pd.read_parquet("data")',
+        'df[(df.neuronx_cc == "<version>") & (df.result == "PASS")][["model_id", "neuron_cores"]]',
+        "```",
+        "",
+        "## Results",
+        "",
+        "| result | meaning |",
+        "|---|---|",
+    ]
+    lines += [f"| `{name}` | {text} |" for name, text in RESULTS.items()]
+    lines += ["", "## Failure stages", "", "| failure_stage | meaning |", "|---|---|"]
+    lines += [f"| `{name}` | {text} |" for name, text in STAGES.items()]
+    lines += ["", "## Columns", "", "| column | type | meaning |", "|---|---|---|"]
+    lines += [f"| `{name}` | {COLUMN_TYPES[name]} | {COLUMN_DOCS[name]} |" for name in COLUMN_DOCS]
+    return "\n".join(lines) + "\n"
+
+
+def write_card(results_dir: Path) -> Path:
+    path = results_dir / "README.md"
+    tmp = path.with_name(f".README.md.{uuid.uuid4().hex}.tmp")
+    tmp.write_text(render_card(results_dir), encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def rows_as_json(rows: Sequence[Row]) -> str:
+    return json.dumps([dataclasses.asdict(r) for r in rows])

@@ -1,0 +1,180 @@
+"""The device seam: one table of everything that differs between neuron, cuda and cpu.
+
+Everything device-specific the harness or a rendered ``run.py`` needs is a field of
+:class:`DeviceKind`; code elsewhere looks the kind up and reads fields, it never branches
+on the device name (the transformers ``testing_utils`` backend-table style).
+
+The neuron row follows ``shared/reference/torchneuron.md`` (Neuron SDK 2.33). No machine
+that builds this project has Trainium, so the neuron row is exercised only on a trn2 host;
+the cpu and cuda rows run the very same code paths in CI.
+
+This module must stay import-light: it is imported by ``pytest --help``. Probing what the
+machine has is done in a short-lived subprocess (:func:`probe`), so the pytest controller
+never initialises a device (on neuron that would reserve every core until it exits).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+
+@dataclass(frozen=True)
+class DeviceKind:
+    """How one accelerator family is driven.
+
+    Attributes:
+        name: ``neuron``, ``cuda`` or ``cpu``; the value of ``--device``.
+        device_map: passed as ``from_pretrained(device_map=...)``. Neuron must be explicit:
+            Accelerate lists no neuron devices, so ``"auto"`` silently loads on CPU.
+        compile_backend: ``torch.compile`` backend generate() uses for decoding.
+        dist_backend: ``torch.distributed`` backend for sharded runs.
+        core_env_var: environment variable that pins a process to leased cores, or None
+            where processes need no pinning (cpu).
+        core_env_contiguous: the variable takes a contiguous range ``i-j`` (neuron) rather
+            than a comma list (cuda).
+        force_compile: generate() only auto-compiles on accelerator device types; on cpu
+            transformers' ``CompileConfig._compile_all_devices`` must force it, so the
+            compile path every neuron run takes is exercised here too.
+        memory_module: attribute of ``torch`` holding the allocator statistics
+            (``torch.neuron`` / ``torch.cuda``), or None where there is no device memory.
+        env: variables run.py sets before importing torch. On neuron, disabling fallback
+            execution makes a graph that fails to compile raise instead of silently
+            running eagerly, which would be a false PASS.
+        count_expr: Python expression (after ``import torch``) giving how many cores or
+            devices the machine has; evaluated only inside :func:`probe`'s subprocess.
+    """
+
+    name: str
+    device_map: str
+    compile_backend: str
+    dist_backend: str
+    core_env_var: str | None
+    core_env_contiguous: bool
+    force_compile: bool
+    memory_module: str | None
+    env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    count_expr: str = "0"
+
+    def pin_cores(self, first: int, count: int) -> dict[str, str]:
+        """Environment that restricts a process to cores ``first .. first+count-1``."""
+        if self.core_env_var is None or count <= 0:
+            return {}
+        if self.core_env_contiguous:
+            value = str(first) if count == 1 else f"{first}-{first + count - 1}"
+        else:
+            value = ",".join(str(i) for i in range(first, first + count))
+        return {self.core_env_var: value}
+
+    def as_runscript_spec(self) -> dict[str, Any]:
+        """The subset run.py needs, embedded verbatim in the rendered script."""
+        return {
+            "name": self.name,
+            "device_map": self.device_map,
+            "compile_backend": self.compile_backend,
+            "dist_backend": self.dist_backend,
+            "force_compile": self.force_compile,
+            "memory_module": self.memory_module,
+            "env": dict(self.env),
+        }
+
+
+DEVICES: Mapping[str, DeviceKind] = MappingProxyType(
+    {
+        "neuron": DeviceKind(
+            name="neuron",
+            device_map="neuron",
+            compile_backend="neuron",
+            dist_backend="neuron",
+            core_env_var="NEURON_RT_VISIBLE_CORES",
+            core_env_contiguous=True,
+            force_compile=False,
+            memory_module="neuron",
+            env=MappingProxyType({"TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION": "1"}),
+            count_expr=(
+                "torch.neuron.device_count() if hasattr(torch, 'neuron') and torch.neuron.is_available() else 0"
+            ),
+        ),
+        "cuda": DeviceKind(
+            name="cuda",
+            device_map="cuda",
+            compile_backend="inductor",
+            dist_backend="nccl",
+            core_env_var="CUDA_VISIBLE_DEVICES",
+            core_env_contiguous=False,
+            force_compile=False,
+            memory_module="cuda",
+            count_expr="torch.cuda.device_count() if torch.cuda.is_available() else 0",
+        ),
+        "cpu": DeviceKind(
+            name="cpu",
+            device_map="cpu",
+            compile_backend="inductor",
+            dist_backend="gloo",
+            core_env_var=None,
+            core_env_contiguous=False,
+            force_compile=True,
+            memory_module=None,
+            # A cpu "core" in the pool is a slot for one rank, not a physical CPU.
+            count_expr="__import__('os').cpu_count() or 1",
+        ),
+    }
+)
+
+#: ``--device auto`` takes the first of these that reports at least one core.
+AUTO_ORDER: tuple[str, ...] = ("neuron", "cuda", "cpu")
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """What a throwaway subprocess saw: cores per device kind (0 = absent)."""
+
+    counts: Mapping[str, int]
+
+    def resolve(self, choice: str) -> str:
+        """Map ``--device`` (``auto`` or a kind) to a concrete kind name."""
+        if choice != "auto":
+            return choice
+        for name in AUTO_ORDER:
+            if self.counts.get(name, 0) > 0:
+                return name
+        return "cpu"
+
+
+_PROBE_SCRIPT = """
+import json, sys
+import torch
+exprs = json.loads(sys.argv[1])
+out = {}
+for name, expr in exprs.items():
+    try:
+        out[name] = int(eval(expr))
+    except Exception:
+        out[name] = 0
+print(json.dumps(out))
+"""
+
+
+def probe(names: tuple[str, ...] = AUTO_ORDER, python: str = sys.executable, timeout: float = 300) -> ProbeResult:
+    """Count cores per device kind in a subprocess that exits straight away.
+
+    Running this in the pytest process would initialise the runtime there: on neuron a
+    process that pins nothing reserves every core until it exits.
+    """
+    exprs = {name: DEVICES[name].count_expr for name in names}
+    proc = subprocess.run(
+        [python, "-c", _PROBE_SCRIPT, json.dumps(exprs)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"device probe failed (exit {proc.returncode}): {proc.stderr.strip()[-2000:]}")
+    counts = json.loads(proc.stdout.strip().splitlines()[-1])
+    return ProbeResult(counts={str(k): int(v) for k, v in counts.items()})

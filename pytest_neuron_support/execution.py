@@ -1,0 +1,143 @@
+"""Run a rendered run.py in a fresh process of its own, and say what happened to it.
+
+Each run gets its own session (process group), so a timeout kills the script and anything
+it started (compiler workers, torch.distributed ranks): leaked children would keep device
+cores reserved. A child killed by a signal cannot report itself, so the parent classifies
+it, using the last stage marker the script printed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+_STAGE_MARKER = re.compile(r"^\[neuron-support\] stage=(\w+)$", re.MULTILINE)
+_KILL_GRACE_S = 5.0
+
+
+@dataclass(frozen=True)
+class ProcessOutcome:
+    """How one run.py process ended.
+
+    Attributes:
+        returncode: exit status; negative is the signal that killed it (Popen convention).
+        timed_out: the harness killed its process group at the timeout.
+        wall_s: seconds from start to exit.
+        result: the script's JSON result, or None if it wrote none (killed, crashed).
+        last_stage: the last stage marker it printed ("start" if none).
+        log_path: its combined stdout/stderr.
+    """
+
+    returncode: int
+    timed_out: bool
+    wall_s: float
+    result: Mapping[str, Any] | None
+    last_stage: str
+    log_path: Path
+
+    @property
+    def signal_name(self) -> str | None:
+        if self.returncode >= 0:
+            return None
+        try:
+            return signal.Signals(-self.returncode).name
+        except ValueError:
+            return f"signal {-self.returncode}"
+
+    def log_tail(self, chars: int = 4000) -> str:
+        try:
+            text = self.log_path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return ""
+        return text[-chars:]
+
+
+def _kill_group(pgid: int) -> None:
+    """SIGTERM the whole group, then SIGKILL whatever is left after a grace period."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + _KILL_GRACE_S
+    while time.monotonic() < deadline:
+        if not group_alive(pgid):
+            return
+        time.sleep(0.05)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def group_alive(pgid: int) -> bool:
+    """True while any process of group ``pgid`` exists (zombies included)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def run_script(
+    script: Path,
+    out: Path,
+    *,
+    env: Mapping[str, str],
+    timeout: float,
+    log_path: Path,
+    python: str = sys.executable,
+) -> ProcessOutcome:
+    """Run ``python script --out out`` in a new session and wait at most ``timeout`` seconds."""
+    with contextlib.suppress(FileNotFoundError):
+        out.unlink()
+    start = time.monotonic()
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [python, str(script), "--out", str(out)],
+            cwd=str(script.parent),
+            env=dict(env),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: killable as a whole
+        )
+        timed_out = False
+        try:
+            returncode = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            _kill_group(proc.pid)
+            returncode = proc.wait()
+        except BaseException:
+            # Interrupted (Ctrl-C, pytest teardown): never leave the group running.
+            _kill_group(proc.pid)
+            proc.wait()
+            raise
+        # The script is gone; anything it started and left behind goes too.
+        if group_alive(proc.pid):
+            _kill_group(proc.pid)
+    wall_s = time.monotonic() - start
+    result: Mapping[str, Any] | None = None
+    if out.exists():
+        try:
+            result = json.loads(out.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            result = None
+    log_text = log_path.read_text(encoding="utf-8", errors="replace")
+    stages = _STAGE_MARKER.findall(log_text)
+    return ProcessOutcome(
+        returncode=returncode,
+        timed_out=timed_out,
+        wall_s=wall_s,
+        result=result,
+        last_stage=stages[-1] if stages else "start",
+        log_path=log_path,
+    )

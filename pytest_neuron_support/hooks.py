@@ -1,0 +1,20 @@
+"""Hook specifications other plugins and conftest files may implement."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pytest
+
+if TYPE_CHECKING:
+    from .catalog import ModelSpec
+
+
+@pytest.hookspec(firstresult=True)
+def pytest_neuron_support_post_load(config: pytest.Config, model: ModelSpec) -> str | None:
+    """Return Python source that the device run.py executes right after loading the model.
+
+    The code runs with ``model``, ``torch`` and ``SPEC`` bound, is written into run.py (so
+    the stored script still reproduces the run), and never runs in the CPU reference. Use it
+    to patch a known issue while checking a model, or in tests to perturb a device run.
+    """

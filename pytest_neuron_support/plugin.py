@@ -1,0 +1,375 @@
+"""pytest wiring only: options, collection of catalog entries, and the row writer.
+
+The work itself lives in modules named by concern (catalog, pipeline, execution, checks,
+dataset, ...). torch and transformers are never imported here: ``pytest --help`` stays
+fast, and the controller process never initialises a device.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from . import hooks
+from .catalog import DEFAULT_PROMPT, DTYPES, CatalogError, ModelSpec, cli_model, load_catalog, merge_models
+from .dataset import PartWriter, check_writable, recover_parts
+from .devices import AUTO_ORDER, DEVICES, probe
+from .pipeline import Settings, run_model, slug
+from .records import Row, current_stack
+
+ROW_PROPERTY = "neuron_support_row"
+WORKERINPUT_KEY = "neuron_support"
+
+
+@dataclass(frozen=True)
+class Options:
+    """Validated command-line options (before the device is probed)."""
+
+    models_file: Path
+    models_file_explicit: bool
+    extra_models: tuple[ModelSpec, ...]
+    device: str
+    neuron_cores: int | None
+    max_new_tokens: int
+    prompt: str
+    model_timeout: float
+    results_dir: Path
+    compile_backend: str | None
+    reference_dtype: str | None
+    allow_remote_code: bool
+
+
+options_key = pytest.StashKey[Options]()
+settings_key = pytest.StashKey[Settings]()
+catalog_key = pytest.StashKey[tuple[ModelSpec, ...]]()
+writer_key = pytest.StashKey["ResultsWriter"]()
+model_key = pytest.StashKey[ModelSpec]()
+
+
+def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
+    pluginmanager.add_hookspecs(hooks)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("neuron-support", "model support on AWS Trainium (pytest-neuron-support)")
+    group.addoption(
+        "--models-file",
+        default=None,
+        metavar="PATH",
+        help="catalog of models to check (default: models.yaml in the rootdir)",
+    )
+    group.addoption(
+        "--model",
+        action="append",
+        default=[],
+        metavar="ID",
+        help="also check this Hub id (org/name) or local checkpoint (./dir); repeatable",
+    )
+    group.addoption(
+        "--device",
+        default="auto",
+        choices=("auto", *AUTO_ORDER),
+        help="device to run on; auto = neuron if torch-neuronx sees cores, else cuda, else cpu",
+    )
+    group.addoption(
+        "--neuron-cores",
+        default=None,
+        metavar="N",
+        help="size of the core pool items lease from (default: every core the device reports)",
+    )
+    group.addoption("--max-new-tokens", default="32", metavar="N", help="greedy tokens per run (default 32)")
+    group.addoption("--prompt", default=DEFAULT_PROMPT, help="prompt for entries that set none")
+    group.addoption(
+        "--model-timeout",
+        default="3600",
+        metavar="SECONDS",
+        help="seconds one run.py may take before its process group is killed (default 3600)",
+    )
+    group.addoption(
+        "--results-dir",
+        default="results",
+        metavar="DIR",
+        help="dataset folder: Parquet under DIR/data, run.py and logs under DIR/runs (default results)",
+    )
+    group.addoption(
+        "--compile-backend",
+        default=None,
+        metavar="NAME",
+        help="torch.compile backend for device runs (default: the device's: neuron, inductor)",
+    )
+    group.addoption(
+        "--reference-dtype",
+        default=None,
+        choices=DTYPES,
+        help="dtype of the CPU reference run (default: the device run's dtype)",
+    )
+    group.addoption(
+        "--allow-remote-code",
+        action="store_true",
+        default=False,
+        help="run Hub repository code for catalog entries that set trust_remote_code: true",
+    )
+
+
+def _positive_int(value: str, flag: str, upper: int | None = None) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise pytest.UsageError(f"{flag}={value!r} is not an integer; pass a whole number, e.g. {flag}=4") from None
+    if number < 1 or (upper is not None and number > upper):
+        bound = f" and at most {upper}" if upper is not None else ""
+        raise pytest.UsageError(f"{flag}={value} is out of range; pass a number of at least 1{bound}")
+    return number
+
+
+def parse_options(config: pytest.Config) -> Options:
+    """Validate every option without touching the device; raise UsageError with the fix."""
+    get = config.getoption
+    explicit = get("models_file") is not None
+    models_file = Path(get("models_file")) if explicit else config.rootpath / "models.yaml"
+    try:
+        extra = tuple(cli_model(arg) for arg in get("model"))
+    except CatalogError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    timeout_text = get("model_timeout")
+    try:
+        timeout = float(timeout_text)
+    except ValueError:
+        timeout = -1.0
+    if not timeout > 0:
+        raise pytest.UsageError(f"--model-timeout={timeout_text!r} must be a positive number of seconds, e.g. 3600")
+    prompt = get("prompt")
+    if not prompt.strip():
+        raise pytest.UsageError("--prompt is empty; pass some text or leave the option out")
+    cores = get("neuron_cores")
+    return Options(
+        models_file=models_file.resolve(),
+        models_file_explicit=explicit,
+        extra_models=extra,
+        device=get("device"),
+        neuron_cores=None if cores is None else _positive_int(cores, "--neuron-cores"),
+        max_new_tokens=_positive_int(get("max_new_tokens"), "--max-new-tokens", 4096),
+        prompt=prompt,
+        model_timeout=timeout,
+        results_dir=Path(get("results_dir")).resolve(),
+        compile_backend=get("compile_backend"),
+        reference_dtype=get("reference_dtype"),
+        allow_remote_code=get("allow_remote_code"),
+    )
+
+
+def _sweep_requested(config: pytest.Config, options: Options) -> bool:
+    """Whether this session will collect the catalog (so the device must be resolved)."""
+    if options.models_file_explicit or options.extra_models:
+        return True
+    target = options.models_file
+    for arg in config.args:
+        path = Path(arg.split("::")[0]).resolve()
+        if path == target or (path.is_dir() and target.is_relative_to(path)):
+            return True
+    return False
+
+
+def _resolve_device(options: Options) -> tuple[str, int]:
+    """(device kind, pool size) from the options and, where needed, a probe subprocess."""
+    if options.device == "cpu":
+        available = os.cpu_count() or 1
+    else:
+        try:
+            seen = probe()
+        except Exception as exc:  # a broken torch install is the user's to fix, said plainly
+            raise pytest.UsageError(f"could not probe devices: {exc}") from None
+        name = seen.resolve(options.device)
+        if name == "cpu":
+            available = os.cpu_count() or 1
+        else:
+            available = seen.counts.get(name, 0)
+            if available < 1:
+                raise pytest.UsageError(
+                    f"--device={options.device}: no {name} device is visible to torch; "
+                    "install its runtime or pass --device=cpu"
+                )
+        options = Options(**{**options.__dict__, "device": name})
+    if options.neuron_cores is not None and options.neuron_cores > available:
+        raise pytest.UsageError(
+            f"--neuron-cores={options.neuron_cores} is more than the {available} core(s) the "
+            f"{options.device} device reports; pass at most {available}"
+        )
+    return options.device, options.neuron_cores or available
+
+
+def _settings(options: Options, device: str, pool: int) -> Settings:
+    kind = DEVICES[device]
+    return Settings(
+        device=kind,
+        pool_cores=pool,
+        max_new_tokens=options.max_new_tokens,
+        prompt=options.prompt,
+        model_timeout=options.model_timeout,
+        results_dir=options.results_dir,
+        compile_backend=options.compile_backend or kind.compile_backend,
+        reference_dtype=options.reference_dtype,
+        allow_remote_code=options.allow_remote_code,
+        stack=current_stack(),
+    )
+
+
+def _is_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    options = parse_options(config)
+    config.stash[options_key] = options
+    if options.models_file_explicit and config.args_source != pytest.Config.ArgsSource.ARGS:
+        # `pytest --models-file=x.yaml` collects that file instead of the default test paths.
+        config.args = [str(options.models_file)]
+    if not _sweep_requested(config, options):
+        return
+    if options.extra_models and not options.models_file.exists():
+        raise pytest.UsageError(
+            f"--model needs a catalog to add to, and {options.models_file} does not exist; "
+            "pass --models-file=FILE (a file holding just 'models: []' works)"
+        )
+    try:
+        catalog = load_catalog(options.models_file)
+    except CatalogError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    config.stash[catalog_key] = merge_models(catalog.models, options.extra_models)
+    if _is_worker(config):
+        shared = config.workerinput[WORKERINPUT_KEY]  # type: ignore[attr-defined]
+        config.stash[settings_key] = _settings(options, shared["device"], shared["pool"])
+        return
+    device, pool = _resolve_device(options)
+    config.stash[settings_key] = _settings(options, device, pool)
+    try:
+        check_writable(options.results_dir)
+    except OSError as exc:
+        raise pytest.UsageError(
+            f"--results-dir={options.results_dir} is not writable ({exc.strerror or exc}); "
+            "pass a directory you can write to with free space"
+        ) from None
+    recover_parts(options.results_dir)
+    writer = ResultsWriter(config.stash[settings_key])
+    config.stash[writer_key] = writer
+    config.pluginmanager.register(writer, "neuron-support-results-writer")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """xdist controller: hand the resolved device to workers so they never probe it."""
+    settings = node.config.stash.get(settings_key, None)
+    if settings is not None:
+        node.workerinput[WORKERINPUT_KEY] = {"device": settings.device.name, "pool": settings.pool_cores}
+
+
+def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
+    config = parent.config
+    if catalog_key not in config.stash:
+        return None
+    if file_path.resolve() != config.stash[options_key].models_file:
+        return None
+    return CatalogFile.from_parent(parent, path=file_path)
+
+
+class CatalogFile(pytest.File):
+    """A models.yaml: one :class:`ModelItem` per entry, then the ``--model`` additions."""
+
+    def collect(self) -> Iterator[pytest.Item]:
+        for model in self.config.stash[catalog_key]:
+            item = ModelItem.from_parent(self, name=model.id)
+            item.stash[model_key] = model
+            item.extra_keyword_matches.update(model.tags)
+            yield item
+
+
+class ModelCheckFailed(Exception):
+    """The model's row is not a PASS; the message says why."""
+
+
+class ModelItem(pytest.Item):
+    """One model: runs the pipeline, attaches its row, and maps the result to an outcome."""
+
+    def runtest(self) -> None:
+        model = self.stash[model_key]
+        settings = self.config.stash[settings_key]
+        post_load = self.config.hook.pytest_neuron_support_post_load(config=self.config, model=model) or ""
+        row = run_model(model, settings, cores=(0, 1), post_load=post_load)
+        self.user_properties.append((ROW_PROPERTY, row.to_json()))
+        if row.result in ("EXCLUDED", "SKIPPED"):
+            pytest.skip(f"{row.result.lower()}: {row.error}")
+        if row.result != "PASS":
+            raise ModelCheckFailed(f"{row.result} at stage {row.failure_stage}: {row.error}")
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:
+        if isinstance(excinfo.value, ModelCheckFailed):
+            model = self.stash[model_key]
+            runs = self.config.stash[settings_key].results_dir / "runs" / slug(model.id)
+            return f"{excinfo.value}\n(run.py, result.json and log.txt: {runs})"
+        return str(super().repr_failure(excinfo, style=style))
+
+    def reportinfo(self) -> tuple[Path, int, str]:
+        model = self.stash[model_key]
+        return self.path, max(model.line - 1, 0), f"{model.id} [{model.task}]"
+
+
+def _row_from_report(report: pytest.TestReport) -> Row | None:
+    if report.when != "call":  # every phase's report carries the item's user_properties
+        return None
+    for name, value in report.user_properties:
+        if name == ROW_PROPERTY:
+            return Row.from_json(str(value))
+    return None
+
+
+class ResultsWriter:
+    """Controller-only: collects rows from (xdist worker) reports, like pytest's junitxml.
+
+    Each row is written crash-safely the moment its item reports; at session end the rows
+    are merged into the Parquet dataset.
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.parts = PartWriter(settings.results_dir)
+        self.rows: list[Row] = []
+        self.written: list[Path] = []
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        row = _row_from_report(report)
+        if row is not None:
+            self.parts.add(row)
+            self.rows.append(row)
+
+    def pytest_sessionfinish(self) -> None:
+        self.written = self.parts.commit(self.settings.results_dir)
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if not self.rows:
+            return
+        tr = terminalreporter
+        tr.section("neuron-support results")
+        width = max(len(r.model_id) for r in self.rows)
+        tr.write_line(f"{'model':<{width}}  {'result':<8} {'stage':<9} {'cores':>5} {'run_s':>8} {'compile_s':>9}")
+        for row in sorted(self.rows, key=lambda r: r.model_id):
+            run_s = f"{row.run_s:.1f}" if row.run_s is not None else "-"
+            compile_s = f"{row.compile_s:.1f}" if row.compile_s is not None else "-"
+            cores = row.neuron_cores if row.neuron_cores is not None else "-"
+            tr.write_line(
+                f"{row.model_id:<{width}}  {row.result:<8} {row.failure_stage or '-':<9} "
+                f"{cores:>5} {run_s:>8} {compile_s:>9}"
+            )
+        counts: dict[str, int] = {}
+        for row in self.rows:
+            counts[row.result] = counts.get(row.result, 0) + 1
+        tr.write_line(", ".join(f"{n} {result}" for result, n in sorted(counts.items())))
+        for path in self.written:
+            tr.write_line(f"Parquet: {path}")
+        data = self.settings.results_dir / "data"
+        tr.write_line(f"Read it back: pandas.read_parquet({json.dumps(str(data))})")

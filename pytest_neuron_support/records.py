@@ -1,0 +1,231 @@
+"""The one schema: every outcome is a :class:`Row`; results and stages have exact meanings.
+
+The Parquet schema, the dataset card's column table and the viewer's columns are all
+derived from :class:`Row`'s fields and their ``doc`` metadata, so they cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import platform
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from importlib import metadata
+from typing import Any
+
+SCHEMA_VERSION = 1
+
+#: Every value of the ``result`` column and exactly what it means.
+RESULTS: Mapping[str, str] = {
+    "PASS": (
+        "The model loaded on the device with the catalog dtype, generate() compiled its decoding step "
+        "(at least one graph compiled, none silently skipped), and all greedy tokens equal those of a "
+        "CPU run of the same checkpoint, prompt and length. It does not measure throughput or latency, "
+        "longer generations, sampling, batching, or accuracy on any benchmark."
+    ),
+    "FAIL": (
+        "The run finished but its output is wrong: stage 'parity' (tokens differ from the CPU reference; "
+        "see first_divergence and logprob_gap) or 'judge' (a sharded run's text was judged not fluent)."
+    ),
+    "ERROR": (
+        "The run did not finish: it raised or died at failure_stage (load, compile, generate, reference, "
+        "or harness); error holds the exception type and message, or the signal that killed it."
+    ),
+    "TIMEOUT": (
+        "The run exceeded --model-timeout; its whole process group was killed. failure_stage is the stage it was in."
+    ),
+    "SKIPPED": (
+        "Not run for a reason outside the model's code: it needs more cores than allowed, cannot be "
+        "sharded, or needs remote code the user did not allow. error says why."
+    ),
+    "EXCLUDED": "Curated out in the catalog; exclude_reason and exclude_note say why. Not run.",
+}
+
+#: Every value of ``failure_stage``.
+STAGES: Mapping[str, str] = {
+    "plan": "choosing cores before anything runs (needs more cores than allowed, cannot shard)",
+    "load": "from_pretrained onto the device (download, config, weights, placement)",
+    "compile": "first generate(): graph capture and compilation, or no graph compiled at all",
+    "generate": "second generate() and reading outputs back",
+    "reference": "the CPU reference run of the same checkpoint",
+    "parity": "comparing device tokens with the CPU reference",
+    "judge": "the fluency judge of a sharded run",
+    "harness": "the test harness itself (unreadable result, worker lost)",
+}
+
+
+def _doc(text: str) -> dict[str, str]:
+    return {"doc": text}
+
+
+@dataclass(frozen=True)
+class Stack:
+    """Software stack versions; a Parquet file holds rows of one (neuronx_cc, library, version).
+
+    Attributes:
+        neuronx_cc: neuronx-cc compiler version, ``none`` off Trainium.
+        torch_neuronx: torch-neuronx version, ``none`` off Trainium.
+        torch: PyTorch version.
+        library: the model library checked (``transformers``).
+        library_version: its version.
+        python: interpreter version.
+    """
+
+    neuronx_cc: str
+    torch_neuronx: str
+    torch: str
+    library: str
+    library_version: str
+    python: str
+
+    @property
+    def file_stem(self) -> str:
+        """Parquet file name (no suffix) for this stack."""
+        return f"neuronxcc-{self.neuronx_cc}__{self.library}-{self.library_version}"
+
+
+def _version(dist: str) -> str:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "none"
+
+
+def current_stack() -> Stack:
+    """Versions installed for this interpreter, read from package metadata (imports nothing)."""
+    return Stack(
+        neuronx_cc=_version("neuronx-cc"),
+        torch_neuronx=_version("torch-neuronx"),
+        torch=_version("torch"),
+        library="transformers",
+        library_version=_version("transformers"),
+        python=platform.python_version(),
+    )
+
+
+@dataclass(frozen=True)
+class Row:
+    """One outcome for one model on one stack: the unit of the dataset.
+
+    Every item (pass, fail, error, timeout, skip, exclusion) becomes exactly one row. Field
+    docs (``doc`` metadata) are the dataset card's column definitions.
+    """
+
+    model_id: str = field(metadata=_doc("Hub id (org/name), or the absolute path of a local checkpoint"))
+    result: str = field(metadata=_doc("PASS, FAIL, ERROR, TIMEOUT, SKIPPED or EXCLUDED (defined below)"))
+    revision: str = field(default="main", metadata=_doc("revision asked for (branch, tag or commit)"))
+    task: str = field(default="text-generation", metadata=_doc("text-generation or image-text-to-text"))
+    source: str = field(default="catalog", metadata=_doc("catalog, cli (--model ID) or local (--model ./dir)"))
+    failure_stage: str | None = field(default=None, metadata=_doc("stage that failed (defined below); null on PASS"))
+    error: str | None = field(default=None, metadata=_doc("exception type and message, signal, or skip reason"))
+    exclude_reason: str | None = field(default=None, metadata=_doc("catalog exclusion reason"))
+    exclude_note: str | None = field(default=None, metadata=_doc("catalog exclusion note"))
+    tags: tuple[str, ...] = field(default=(), metadata=_doc("catalog tags"))
+    device: str = field(default="cpu", metadata=_doc("device kind the run used: neuron, cuda or cpu"))
+    neuron_cores: int | None = field(default=None, metadata=_doc("cores (devices off Trainium) the run used"))
+    tp_size: int | None = field(default=None, metadata=_doc("tensor-parallel size (1 = not sharded)"))
+    ep_size: int | None = field(default=None, metadata=_doc("expert-parallel size (1 = not sharded)"))
+    plan_reason: str | None = field(default=None, metadata=_doc("why the planner chose this core count"))
+    dtype: str = field(default="bfloat16", metadata=_doc("weights dtype on the device"))
+    reference_dtype: str | None = field(default=None, metadata=_doc("dtype of the CPU reference run"))
+    compile_backend: str | None = field(default=None, metadata=_doc("torch.compile backend of generate()"))
+    prompt: str | None = field(default=None, metadata=_doc("prompt text"))
+    max_new_tokens: int | None = field(default=None, metadata=_doc("greedy tokens asked for"))
+    graphs_compiled: int | None = field(default=None, metadata=_doc("graphs compiled by the first generate()"))
+    recompiles: int | None = field(default=None, metadata=_doc("graphs compiled again by the second generate()"))
+    run_s: float | None = field(default=None, metadata=_doc("wall seconds of the device run.py, compile included"))
+    load_s: float | None = field(default=None, metadata=_doc("seconds in from_pretrained"))
+    compile_s: float | None = field(
+        default=None, metadata=_doc("first generate() minus second generate(): the compile cost")
+    )
+    first_generate_s: float | None = field(default=None, metadata=_doc("seconds of the first generate()"))
+    generate_s: float | None = field(default=None, metadata=_doc("seconds of the second (compiled) generate()"))
+    reference_s: float | None = field(default=None, metadata=_doc("wall seconds of the CPU reference run"))
+    peak_device_memory_bytes: int | None = field(
+        default=None, metadata=_doc("peak allocator memory on the device (null on cpu)")
+    )
+    peak_host_rss_bytes: int | None = field(default=None, metadata=_doc("peak resident memory of run.py"))
+    tokens: tuple[int, ...] = field(default=(), metadata=_doc("generated token ids on the device"))
+    text: str | None = field(default=None, metadata=_doc("generated text on the device"))
+    reference_tokens: tuple[int, ...] = field(default=(), metadata=_doc("generated token ids on CPU"))
+    matched_prefix: int | None = field(default=None, metadata=_doc("leading tokens equal to the reference"))
+    first_divergence: int | None = field(default=None, metadata=_doc("index of the first differing token"))
+    device_token: int | None = field(default=None, metadata=_doc("device token at the first divergence"))
+    reference_token: int | None = field(default=None, metadata=_doc("reference token at the first divergence"))
+    logprob_gap: float | None = field(
+        default=None,
+        metadata=_doc("reference logprob of its token minus that of the device token, at the divergence (nats)"),
+    )
+    neuronx_cc: str = field(default="none", metadata=_doc("neuronx-cc version, none off Trainium"))
+    torch_neuronx: str = field(default="none", metadata=_doc("torch-neuronx version, none off Trainium"))
+    torch: str = field(default="", metadata=_doc("PyTorch version"))
+    library: str = field(default="transformers", metadata=_doc("library checked"))
+    library_version: str = field(default="", metadata=_doc("its version"))
+    python: str = field(default="", metadata=_doc("Python version"))
+    runscript: str | None = field(default=None, metadata=_doc("the exact run.py that ran on the device"))
+    timestamp: str = field(default="", metadata=_doc("UTC time the row was made (ISO 8601)"))
+    plugin_version: str = field(default="", metadata=_doc("pytest-neuron-support version"))
+    schema_version: int = field(default=SCHEMA_VERSION, metadata=_doc("version of this schema"))
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any]) -> Row:
+        """Rebuild a row from JSON or a Parquet record; unknown keys are ignored."""
+        kwargs: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            if f.name not in data:
+                continue
+            value = data[f.name]
+            if COLUMN_TYPES[f.name].startswith("list") and value is not None:
+                value = tuple(value.tolist() if hasattr(value, "tolist") else value)
+            elif value is not None and hasattr(value, "item"):
+                value = value.item()  # numpy scalar from pandas
+            if isinstance(value, float) and value != value and not COLUMN_TYPES[f.name].startswith("double"):
+                value = None  # pandas NaN for a missing integer
+            kwargs[f.name] = value
+        return cls(**kwargs)
+
+    @classmethod
+    def from_json(cls, text: str) -> Row:
+        return cls.from_mapping(json.loads(text))
+
+
+_ARROW_TYPES: Mapping[str, str] = {
+    "str": "string",
+    "str | None": "string",
+    "int": "int64",
+    "int | None": "int64",
+    "float | None": "double",
+    "bool": "bool",
+    "bool | None": "bool",
+    "tuple[int, ...]": "list<int64>",
+    "tuple[str, ...]": "list<string>",
+}
+
+#: column name -> Arrow type name, in schema order.
+COLUMN_TYPES: Mapping[str, str] = {f.name: _ARROW_TYPES[str(f.type)] for f in dataclasses.fields(Row)}
+#: column name -> definition, in schema order.
+COLUMN_DOCS: Mapping[str, str] = {f.name: f.metadata["doc"] for f in dataclasses.fields(Row)}
+
+
+def arrow_schema() -> Any:
+    """The Parquet schema, derived from :class:`Row` (imports pyarrow lazily)."""
+    import pyarrow as pa
+
+    scalar = {"string": pa.string(), "int64": pa.int64(), "double": pa.float64(), "bool": pa.bool_()}
+    fields = []
+    for name, type_name in COLUMN_TYPES.items():
+        if type_name.startswith("list<"):
+            arrow_type = pa.list_(scalar[type_name[5:-1]])
+        else:
+            arrow_type = scalar[type_name]
+        fields.append(pa.field(name, arrow_type, metadata={"doc": COLUMN_DOCS[name]}))
+    return pa.schema(fields, metadata={"schema_version": str(SCHEMA_VERSION)})
+
+
+def python_version() -> str:
+    return ".".join(map(str, sys.version_info[:3]))

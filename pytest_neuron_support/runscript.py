@@ -1,0 +1,75 @@
+"""Render the standalone ``run.py`` that checks one model on one device.
+
+The script imports only the standard library, torch and transformers; every setting is
+written into its ``SPEC`` literal, so the file stored with a result is exactly what ran and
+``python3 run.py`` reproduces it on any machine with the same stack.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pprint
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+from . import __version__
+from .devices import DeviceKind
+
+_SPEC_MARKER = "SPEC = {}  # @@SPEC@@"
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """Everything one run.py needs, written into it verbatim.
+
+    Attributes:
+        model: Hub id, or absolute path of a local checkpoint.
+        revision: revision to load.
+        task: catalog task (selects the loading and input code in the script).
+        dtype: torch dtype name for the weights.
+        prompt: prompt text.
+        max_new_tokens: greedy tokens to generate.
+        device: the device kind's table row.
+        compile: compile decoding (device runs) or stay eager (CPU reference runs).
+        compile_backend: torch.compile backend when compiling.
+        top_k: logprobs kept per generated position (near-tie analysis needs 5).
+        trust_remote_code: passed to from_pretrained; True only when catalog and user opt in.
+        post_load: Python run after loading with ``model`` bound (from the
+            ``pytest_neuron_support_post_load`` hook); empty by default.
+    """
+
+    model: str
+    revision: str
+    task: str
+    dtype: str
+    prompt: str
+    max_new_tokens: int
+    device: DeviceKind
+    compile: bool
+    compile_backend: str
+    top_k: int = 5
+    trust_remote_code: bool = False
+    post_load: str = ""
+
+    def to_spec(self) -> dict[str, Any]:
+        spec = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        spec["device"] = self.device.as_runscript_spec()
+        return spec
+
+
+def template() -> str:
+    return resources.files("pytest_neuron_support").joinpath("templates/run.py").read_text(encoding="utf-8")
+
+
+def render(spec: RunSpec) -> str:
+    """The run.py source for ``spec``."""
+    source = (
+        template()
+        .replace("@@MODEL@@", spec.model)
+        .replace("@@DEVICE@@", spec.device.name)
+        .replace("@@VERSION@@", __version__)
+    )
+    # Inserted last so no prompt text can be mistaken for a placeholder.
+    literal = pprint.pformat(spec.to_spec(), sort_dicts=False, width=100)
+    return source.replace(_SPEC_MARKER, f"SPEC = {literal}")

@@ -1,0 +1,1109 @@
+"""The tiny zoo: small, decisive causal-LM checkpoints built offline from real Hub architectures.
+
+Each entry of :data:`ARCHS` keeps the fields of a real Hub model's ``config.json`` that define its
+behaviour (model type, RoPE flavour and theta, norm eps, activation, embedding tying, sliding-window /
+layer types, MoE routing, ...) and shrinks only the sizes.  :func:`build_zoo` then
+
+1. trains one small byte-level BPE tokenizer offline on a generated English-like corpus (shared by
+   every architecture, so every repo has the same vocabulary),
+2. random-initialises each model in fp32 and trains it for a few hundred AdamW steps on a copy task
+   (a random block of tokens repeated several times), so that it continues a repeated phrase with
+   large top-1/top-2 logit gaps -- random init leaves those gaps ~1e-3, which bf16 flips,
+3. saves bf16 ``model.safetensors`` + ``config.json`` (in the Hub's own field names) +
+   ``generation_config.json`` (greedy) + tokenizer files + a model card, and
+4. installs them as a Hugging Face Hub cache snapshot (``models--tiny-random--<name>/blobs``,
+   ``snapshots/<commit>``, ``refs/main``), so that with ``HF_HUB_OFFLINE=1`` and ``HF_HUB_CACHE`` set,
+   ``AutoModelForCausalLM.from_pretrained("tiny-random/qwen3")`` takes the real Hub code path.
+
+Everything is deterministic (fixed seeds); torch, transformers and tokenizers are imported lazily so
+importing this module stays cheap.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import random
+import shutil
+import tempfile
+import time
+import zlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+__all__ = [
+    "ARCHS",
+    "TINY_PROMPT",
+    "ZOO_ORG",
+    "DecisiveReport",
+    "TinyArch",
+    "build_zoo",
+    "check_decisive",
+    "install_snapshot",
+    "installed",
+    "zoo_fingerprint",
+]
+
+ZOO_ORG = "tiny-random"
+
+#: Bump when the build procedure changes in a way the data below does not capture.
+ZOO_VERSION = 1
+
+#: The prompt every models-tiny.yaml entry uses: a phrase repeated three times after a short preamble.
+#: A trained tiny model continues the repetition, so greedy decoding is decisive.
+TINY_PROMPT = (
+    "Repeat after me: the quick brown fox jumps over the lazy dog."
+    " the quick brown fox jumps over the lazy dog."
+    " the quick brown fox jumps over the lazy dog."
+)
+
+# ----------------------------------------------------------------------------------------------------
+# Architectures
+# ----------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TinyArch:
+    """One architecture of the tiny zoo.
+
+    Attributes:
+        name: short name; the repo id is ``tiny-random/<name>`` (see :attr:`repo_id`).
+        model_type: the transformers ``model_type`` (also present in :attr:`config`).
+        source: the real Hub model id whose ``config.json`` the behaviour-defining fields came from.
+        config: the shrunk ``config.json`` fields, spelled as the source repo spells them (legacy
+            ``rope_theta`` / ``rope_scaling`` included).  ``vocab_size`` and the special-token ids
+            (``bos/eos/pad_token_id``) are filled in at build time from the zoo tokenizer.
+        tags: coarse classification, ``("dense",)`` or ``("moe",)``.
+        notes: deliberate deviations from the source config beyond shrinking sizes.
+    """
+
+    name: str
+    model_type: str
+    source: str
+    config: Mapping[str, Any] = field(hash=False)
+    tags: tuple[str, ...]
+    notes: str = ""
+
+    @property
+    def repo_id(self) -> str:
+        """``tiny-random/<name>``."""
+        return f"{ZOO_ORG}/{self.name}"
+
+
+# Shared shrunk sizes. Heads divisible by 2 and 4 (later tests shard with tensor parallel size 2).
+_HIDDEN = 64
+_INTER = 128
+_LAYERS = 2
+_HEADS = 4
+_KV_HEADS = 2
+_HEAD_DIM = 16
+_MAX_POS = 256
+
+
+def _arch(
+    name: str, source: str, tags: tuple[str, ...], config: dict[str, Any], notes: str = ""
+) -> TinyArch:
+    return TinyArch(
+        name=name,
+        model_type=str(config["model_type"]),
+        source=source,
+        config=MappingProxyType(config),
+        tags=tags,
+        notes=notes,
+    )
+
+
+ARCHS: tuple[TinyArch, ...] = (
+    _arch(
+        "qwen3",
+        "Qwen/Qwen3-0.6B",
+        ("dense",),
+        {
+            "architectures": ["Qwen3ForCausalLM"],
+            "model_type": "qwen3",
+            "attention_bias": False,
+            "attention_dropout": 0.0,
+            "head_dim": _HEAD_DIM,
+            "hidden_act": "silu",
+            "hidden_size": _HIDDEN,
+            "initializer_range": 0.02,
+            "intermediate_size": _INTER,
+            "max_position_embeddings": _MAX_POS,
+            "max_window_layers": _LAYERS,
+            "num_attention_heads": _HEADS,
+            "num_hidden_layers": _LAYERS,
+            "num_key_value_heads": _KV_HEADS,
+            "rms_norm_eps": 1e-06,
+            "rope_scaling": None,
+            "rope_theta": 1000000,
+            "sliding_window": None,
+            "tie_word_embeddings": True,
+            "use_cache": True,
+            "use_sliding_window": False,
+        },
+    ),
+    _arch(
+        "qwen2",
+        "Qwen/Qwen2.5-0.5B-Instruct",
+        ("dense",),
+        {
+            "architectures": ["Qwen2ForCausalLM"],
+            "model_type": "qwen2",
+            "attention_dropout": 0.0,
+            "hidden_act": "silu",
+            "hidden_size": _HIDDEN,
+            "initializer_range": 0.02,
+            "intermediate_size": _INTER,
+            "max_position_embeddings": _MAX_POS,
+            "max_window_layers": _LAYERS,
+            "num_attention_heads": _HEADS,
+            "num_hidden_layers": _LAYERS,
+            "num_key_value_heads": _KV_HEADS,
+            "rms_norm_eps": 1e-06,
+            "rope_theta": 1000000.0,
+            "sliding_window": _MAX_POS,
+            "tie_word_embeddings": True,
+            "use_cache": True,
+            "use_sliding_window": False,
+        },
+        notes="q/k/v projections carry biases (hard-wired in Qwen2); source has 14 heads / 2 kv heads.",
+    ),
+    _arch(
+        "llama",
+        "meta-llama/Llama-3.2-1B",
+        ("dense",),
+        {
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "attention_bias": False,
+            "attention_dropout": 0.0,
+            "head_dim": _HEAD_DIM,
+            "hidden_act": "silu",
+            "hidden_size": _HIDDEN,
+            "initializer_range": 0.02,
+            "intermediate_size": _INTER,
+            "max_position_embeddings": _MAX_POS,
+            "mlp_bias": False,
+            "num_attention_heads": _HEADS,
+            "num_hidden_layers": _LAYERS,
+            "num_key_value_heads": _KV_HEADS,
+            "rms_norm_eps": 1e-05,
+            "rope_scaling": {
+                "factor": 32.0,
+                "high_freq_factor": 4.0,
+                "low_freq_factor": 1.0,
+                "original_max_position_embeddings": 8192,
+                "rope_type": "llama3",
+            },
+            "rope_theta": 500000.0,
+            "tie_word_embeddings": True,
+            "use_cache": True,
+        },
+        notes="llama3 rope_scaling kept verbatim, so all three frequency bands occur at head_dim 16.",
+    ),
+    _arch(
+        "mistral",
+        "mistralai/Mistral-7B-Instruct-v0.3",
+        ("dense",),
+        {
+            "architectures": ["MistralForCausalLM"],
+            "model_type": "mistral",
+            "attention_dropout": 0.0,
+            "head_dim": _HEAD_DIM,
+            "hidden_act": "silu",
+            "hidden_size": _HIDDEN,
+            "initializer_range": 0.02,
+            "intermediate_size": _INTER,
+            "max_position_embeddings": _MAX_POS,
+            "num_attention_heads": _HEADS,
+            "num_hidden_layers": _LAYERS,
+            "num_key_value_heads": _KV_HEADS,
+            "rms_norm_eps": 1e-05,
+            "rope_theta": 1000000.0,
+            "sliding_window": None,
+            "tie_word_embeddings": False,
+            "use_cache": True,
+        },
+    ),
+    _arch(
+        "gemma3_text",
+        "google/gemma-3-1b-it",
+        ("dense",),
+        {
+            "architectures": ["Gemma3ForCausalLM"],
+            "model_type": "gemma3_text",
+            "attention_bias": False,
+            "attention_dropout": 0.0,
+            "attn_logit_softcapping": None,
+            "final_logit_softcapping": None,
+            "head_dim": _HEAD_DIM,
+            "hidden_activation": "gelu_pytorch_tanh",
+            "hidden_size": _HIDDEN,
+            "initializer_range": 0.02,
+            "intermediate_size": _INTER,
+            "layer_types": ["sliding_attention", "full_attention"],
+            "max_position_embeddings": _MAX_POS,
+            "num_attention_heads": _HEADS,
+            "num_hidden_layers": _LAYERS,
+            "num_key_value_heads": _KV_HEADS,
+            "query_pre_attn_scalar": _HEAD_DIM,
+            "rms_norm_eps": 1e-06,
+            "rope_local_base_freq": 10000.0,
+            "rope_scaling": None,
+            "rope_theta": 1000000.0,
+            "sliding_window": 32,
+            "tie_word_embeddings": True,
+            "use_cache": True,
+        },
+        notes=(
+            "source is MQA (4 heads / 1 kv head); kept 2 kv heads so tensor parallel 2 can shard them. "
+            "Sliding window 512 -> 32 (shorter than prompt + 32 new tokens, so the window really slides); "
+            "layer pattern 5 sliding : 1 full -> [sliding, full]; query_pre_attn_scalar = head_dim as in "
+            "the source."
+        ),
+    ),
+    _arch(
+        "phi3",
+        "microsoft/Phi-4-mini-instruct",
+        ("dense",),
+        {
+            "architectures": ["Phi3ForCausalLM"],
+            "model_type": "phi3",
+            "attention_bias": False,
+            "attention_dropout": 0.0,
+            "embd_pdrop": 0.0,
+            "hidden_act": "silu",
+            "hidden_size": _HIDDEN,
+            "initializer_range": 0.02,
+            "intermediate_size": _INTER,
+            "max_position_embeddings": _MAX_POS,
+            "num_attention_heads": _HEADS,
+            "num_hidden_layers": _LAYERS,
+            "num_key_value_heads": _KV_HEADS,
+            "original_max_position_embeddings": 128,
+            "partial_rotary_factor": 0.75,
+            "resid_pdrop": 0.0,
+            "rms_norm_eps": 1e-05,
+            "rope_scaling": {
+                # head_dim 16 * partial_rotary_factor 0.75 = 12 rotary dims -> 6 factors each.
+                "long_factor": [1.0, 1.25, 1.75, 2.75, 4.5, 8.0],
+                "short_factor": [1.0, 1.0, 1.0, 1.0, 1.0, 1.0],
+                "type": "longrope",
+            },
+            "rope_theta": 10000.0,
+            "sliding_window": 2 * _MAX_POS,
+            "tie_word_embeddings": True,
+            "use_cache": True,
+        },
+        notes=(
+            "fused qkv_proj / gate_up_proj, partial rotary 0.75 and longrope kept; longrope factor lists "
+            "shrunk to 6 entries and original_max_position_embeddings 4096 -> 128 (sequences used here "
+            "stay on the short factors); sliding_window kept larger than max positions as in the source."
+        ),
+    ),
+    _arch(
+        "gpt2",
+        "openai-community/gpt2",
+        ("dense",),
+        {
+            "architectures": ["GPT2LMHeadModel"],
+            "model_type": "gpt2",
+            "activation_function": "gelu_new",
+            "attn_pdrop": 0.1,
+            "embd_pdrop": 0.1,
+            "initializer_range": 0.02,
+            "layer_norm_epsilon": 1e-05,
+            "n_ctx": _MAX_POS,
+            "n_embd": _HIDDEN,
+            "n_head": _HEADS,
+            "n_layer": _LAYERS,
+            "n_positions": _MAX_POS,
+            "resid_pdrop": 0.1,
+            "summary_activation": None,
+            "summary_first_dropout": 0.1,
+            "summary_proj_to_labels": True,
+            "summary_type": "cls_index",
+            "summary_use_proj": True,
+        },
+        notes="multi-head attention (no GQA) with learned absolute positions, LayerNorm, Conv1D weights.",
+    ),
+    _arch(
+        "qwen3_moe",
+        "Qwen/Qwen3-30B-A3B",
+        ("moe",),
+        {
+            "architectures": ["Qwen3MoeForCausalLM"],
+            "model_type": "qwen3_moe",
+            "attention_bias": False,
+            "attention_dropout": 0.0,
+            "decoder_sparse_step": 1,
+            "head_dim": _HEAD_DIM,
+            "hidden_act": "silu",
+            "hidden_size": _HIDDEN,
+            "initializer_range": 0.02,
+            "intermediate_size": _INTER,
+            "max_position_embeddings": _MAX_POS,
+            "max_window_layers": _LAYERS,
+            "mlp_only_layers": [],
+            "moe_intermediate_size": 32,
+            "norm_topk_prob": True,
+            "num_attention_heads": _HEADS,
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "num_hidden_layers": _LAYERS,
+            "num_key_value_heads": _KV_HEADS,
+            "output_router_logits": False,
+            "rms_norm_eps": 1e-06,
+            "rope_scaling": None,
+            "rope_theta": 1000000.0,
+            "router_aux_loss_coef": 0.001,
+            "sliding_window": None,
+            "tie_word_embeddings": False,
+            "use_cache": True,
+            "use_sliding_window": False,
+        },
+        notes="128 experts / top-8 -> 4 experts / top-2; checkpoint keeps per-expert tensors like the Hub.",
+    ),
+    _arch(
+        "mixtral",
+        "mistralai/Mixtral-8x7B-Instruct-v0.1",
+        ("moe",),
+        {
+            "architectures": ["MixtralForCausalLM"],
+            "model_type": "mixtral",
+            "attention_dropout": 0.0,
+            "head_dim": _HEAD_DIM,
+            "hidden_act": "silu",
+            "hidden_size": _HIDDEN,
+            "initializer_range": 0.02,
+            "intermediate_size": _INTER,
+            "max_position_embeddings": _MAX_POS,
+            "num_attention_heads": _HEADS,
+            "num_experts_per_tok": 2,
+            "num_hidden_layers": _LAYERS,
+            "num_key_value_heads": _KV_HEADS,
+            "num_local_experts": 4,
+            "output_router_logits": False,
+            "rms_norm_eps": 1e-05,
+            "rope_theta": 1000000.0,
+            "router_aux_loss_coef": 0.02,
+            "sliding_window": None,
+            "tie_word_embeddings": False,
+            "use_cache": True,
+        },
+        notes="8 experts -> 4, top-2 kept; checkpoint keeps per-expert w1/w2/w3 tensors like the Hub.",
+    ),
+    _arch(
+        "smollm3",
+        "HuggingFaceTB/SmolLM3-3B",
+        ("dense",),
+        {
+            "architectures": ["SmolLM3ForCausalLM"],
+            "model_type": "smollm3",
+            "attention_bias": False,
+            "attention_dropout": 0.0,
+            "hidden_act": "silu",
+            "hidden_size": _HIDDEN,
+            "initializer_range": 0.02,
+            "intermediate_size": _INTER,
+            "layer_types": ["full_attention", "full_attention"],
+            "max_position_embeddings": _MAX_POS,
+            "max_window_layers": _LAYERS,
+            "mlp_bias": False,
+            "no_rope_layer_interval": 2,
+            "no_rope_layers": [1, 0],
+            "num_attention_heads": _HEADS,
+            "num_hidden_layers": _LAYERS,
+            "num_key_value_heads": _KV_HEADS,
+            "rms_norm_eps": 1e-06,
+            "rope_scaling": None,
+            "rope_theta": 5000000.0,
+            "sliding_window": None,
+            "tie_word_embeddings": True,
+            "use_cache": True,
+            "use_sliding_window": False,
+        },
+        notes="NoPE every 4th layer -> every 2nd layer, so the second of the two layers has no RoPE.",
+    ),
+    _arch(
+        "olmo2",
+        "allenai/OLMo-2-0425-1B",
+        ("dense",),
+        {
+            "architectures": ["Olmo2ForCausalLM"],
+            "model_type": "olmo2",
+            "attention_bias": False,
+            "attention_dropout": 0.0,
+            "hidden_act": "silu",
+            "hidden_size": _HIDDEN,
+            "initializer_range": 0.02,
+            "intermediate_size": _INTER,
+            "max_position_embeddings": _MAX_POS,
+            "num_attention_heads": _HEADS,
+            "num_hidden_layers": _LAYERS,
+            "num_key_value_heads": _HEADS,
+            "rms_norm_eps": 1e-06,
+            "rope_scaling": None,
+            "rope_theta": 500000,
+            "tie_word_embeddings": False,
+            "use_cache": True,
+        },
+        notes="multi-head attention (kv heads = heads) as in the source; post-norm blocks, full-width qk-norm.",
+    ),
+)
+
+def _arch_by_name(name: str) -> TinyArch:
+    for arch in ARCHS:
+        if arch.name == name:
+            return arch
+    raise KeyError(f"unknown tiny-zoo architecture {name!r}; known: {', '.join(a.name for a in ARCHS)}")
+
+
+# ----------------------------------------------------------------------------------------------------
+# Tokenizer definition
+# ----------------------------------------------------------------------------------------------------
+
+_SPECIAL_TOKENS: tuple[str, ...] = ("<pad>", "</s>", "<s>", "<unk>", "<|im_start|>", "<|im_end|>")
+_PAD, _EOS, _BOS, _UNK, _IM_START, _IM_END = _SPECIAL_TOKENS
+
+_CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+_TOKENIZER_SPEC: dict[str, Any] = {
+    "kind": "byte-level BPE",
+    "vocab_size": 768,
+    "min_frequency": 2,
+    "corpus_sentences": 6000,
+    "corpus_seed": 20240601,
+    "special_tokens": list(_SPECIAL_TOKENS),
+    "chat_template": _CHAT_TEMPLATE,
+    "model_max_length": _MAX_POS,
+}
+
+_WORDS: dict[str, tuple[str, ...]] = {
+    "det": ("the", "a", "this", "that", "every", "one", "some", "my", "your", "our", "their", "no"),
+    "adj": (
+        "quick", "brown", "lazy", "small", "big", "old", "new", "red", "green", "blue", "happy", "quiet",
+        "bright", "dark", "cold", "warm", "tall", "short", "young", "clever", "strong", "gentle", "little",
+        "large", "good", "bad", "fast", "slow", "early", "late", "white", "black", "soft", "loud", "busy",
+    ),
+    "noun": (
+        "fox", "dog", "cat", "bird", "tree", "river", "house", "city", "road", "child", "teacher", "doctor",
+        "friend", "book", "letter", "garden", "window", "door", "table", "chair", "computer", "model",
+        "machine", "river", "mountain", "ship", "train", "car", "student", "king", "queen", "farmer",
+        "market", "song", "story", "question", "answer", "number", "water", "bread", "apple", "morning",
+        "evening", "day", "night", "year", "world", "people", "team", "music", "paper", "village", "forest",
+    ),
+    "verb": (
+        "jumps", "runs", "walks", "sees", "finds", "takes", "makes", "reads", "writes", "sings", "likes",
+        "loves", "opens", "closes", "builds", "carries", "watches", "follows", "helps", "calls", "moves",
+        "eats", "drinks", "knows", "wants", "needs", "gives", "keeps", "brings", "tells", "asks", "plays",
+    ),
+    "prep": ("over", "under", "near", "behind", "with", "into", "from", "to", "for", "across", "along", "at"),
+    "adv": ("quickly", "slowly", "again", "today", "always", "never", "often", "soon", "here", "there"),
+    "conj": ("and", "but", "so", "because", "while", "when", "then", "or"),
+    "name": ("Anna", "Ben", "Clara", "David", "Emma", "Frank", "Grace", "Henry", "Iris", "Jack", "Repeat"),
+}
+
+_EXTRA_LINES: tuple[str, ...] = (
+    "Repeat after me: the quick brown fox jumps over the lazy dog.",
+    "Hello, how are you today? I am fine, thank you.",
+    "What is the answer to the question? The answer is yes.",
+    "Please write a short story about a small robot.",
+    "One, two, three, four, five, six, seven, eight, nine, ten.",
+)
+
+# ----------------------------------------------------------------------------------------------------
+# Training recipe
+# ----------------------------------------------------------------------------------------------------
+
+_TRAIN_SPEC: dict[str, Any] = {
+    "task": "copy a repeated block (loss only where the block is predictable)",
+    "seed": 1234,
+    "steps": 300,
+    "batch_size": 32,
+    "seq_len": 96,
+    "block_len": [3, 24],
+    "prefix_len": [0, 12],
+    "text_block_fraction": 0.5,
+    "optimizer": "AdamW",
+    "lr": 3e-3,
+    "betas": [0.9, 0.98],
+    "weight_decay": 0.01,
+    "warmup_steps": 20,
+    "min_lr_ratio": 0.1,
+    "grad_clip": 1.0,
+    "dtype": "float32",
+}
+
+#: Below this top-1/top-2 fp32 logit gap on TINY_PROMPT a freshly built checkpoint is rejected.
+MIN_BUILD_GAP = 2.0
+
+
+def zoo_fingerprint() -> str:
+    """Short hash of everything that defines the zoo: architectures, tokenizer and corpus, training
+    recipe, seeds, prompt and :data:`ZOO_VERSION`.  Stable across processes; changes when any of those
+    change."""
+    spec = {
+        "version": ZOO_VERSION,
+        "org": ZOO_ORG,
+        "prompt": TINY_PROMPT,
+        "archs": [
+            {
+                "name": a.name,
+                "model_type": a.model_type,
+                "source": a.source,
+                "config": dict(a.config),
+                "tags": list(a.tags),
+            }
+            for a in ARCHS
+        ],
+        "tokenizer": _TOKENIZER_SPEC,
+        "words": {k: list(v) for k, v in _WORDS.items()},
+        "extra_lines": list(_EXTRA_LINES),
+        "train": _TRAIN_SPEC,
+        "min_build_gap": MIN_BUILD_GAP,
+    }
+    blob = json.dumps(spec, sort_keys=True, separators=(",", ":"), default=repr).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+# ----------------------------------------------------------------------------------------------------
+# Hub cache layout
+# ----------------------------------------------------------------------------------------------------
+
+# Files the Hub stores through git-LFS (named by sha256 in the cache); everything else is a plain git
+# blob (named by its git blob sha1), as huggingface_hub names blobs by the file's etag.
+_LFS_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".onnx", ".gguf", ".npz")
+_LFS_MIN_SIZE = 10 * 1024 * 1024
+
+
+def _repo_dir(cache_dir: Path, repo_id: str) -> Path:
+    parts = repo_id.split("/")
+    if len(parts) != 2 or not all(parts):
+        raise ValueError(f"repo id must look like 'org/name', got {repo_id!r}")
+    return Path(cache_dir) / ("models--" + "--".join(parts))
+
+
+def _file_etag(path: Path) -> str:
+    size = path.stat().st_size
+    if path.name.endswith(_LFS_SUFFIXES) or size >= _LFS_MIN_SIZE:
+        h = hashlib.sha256()
+    else:
+        h = hashlib.sha1()
+        h.update(f"blob {size}\0".encode())
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+    os.replace(tmp, path)
+
+
+def install_snapshot(cache_dir: Path, repo_id: str, files_dir: Path) -> Path:
+    """Install every file under ``files_dir`` as a Hub-cache snapshot of ``repo_id`` and point
+    ``refs/main`` at it.
+
+    Layout (as huggingface_hub writes it): ``<cache_dir>/models--<org>--<name>/blobs/<etag>`` (sha256 for
+    LFS-style weight files, git blob sha1 otherwise), ``snapshots/<commit>/<path>`` as relative symlinks
+    into ``blobs``, and ``refs/main`` holding ``<commit>``.  The 40-hex commit hash is derived from the
+    file names and contents, so installing the same files twice gives the same commit.  Any content is
+    accepted (tests use this to install deliberately broken checkpoints).  Returns the snapshot path.
+    """
+    files_dir = Path(files_dir)
+    repo_dir = _repo_dir(cache_dir, repo_id)
+    files = sorted(p for p in files_dir.rglob("*") if p.is_file())
+    if not files:
+        raise ValueError(f"no files to install under {files_dir}")
+    entries = [(p.relative_to(files_dir).as_posix(), p, _file_etag(p)) for p in files]
+    manifest = "".join(f"{rel}\0{etag}\n" for rel, _, etag in entries)
+    commit = hashlib.sha1(f"tiny-zoo snapshot\n{repo_id}\n{manifest}".encode()).hexdigest()
+
+    blobs = repo_dir / "blobs"
+    blobs.mkdir(parents=True, exist_ok=True)
+    for _, src, etag in entries:
+        blob = blobs / etag
+        if not blob.exists():
+            fd, tmp = tempfile.mkstemp(dir=blobs, prefix=f".{etag}.", suffix=".incomplete")
+            os.close(fd)
+            shutil.copyfile(src, tmp)
+            os.replace(tmp, blob)
+
+    snapshot = repo_dir / "snapshots" / commit
+    for rel, _, etag in entries:
+        link = snapshot / rel
+        link.parent.mkdir(parents=True, exist_ok=True)
+        target = os.path.relpath(blobs / etag, link.parent)
+        if link.is_symlink() and os.readlink(link) == target:
+            continue
+        tmp_link = link.parent / f".{link.name}.{os.getpid()}.tmp"
+        if tmp_link.is_symlink() or tmp_link.exists():
+            tmp_link.unlink()
+        os.symlink(target, tmp_link)
+        os.replace(tmp_link, link)
+
+    _atomic_write_text(repo_dir / "refs" / "main", commit)
+    return snapshot
+
+
+def _snapshot_path(cache_dir: Path, repo_id: str) -> Path | None:
+    ref = _repo_dir(cache_dir, repo_id) / "refs" / "main"
+    try:
+        commit = ref.read_text().strip()
+    except OSError:
+        return None
+    snapshot = _repo_dir(cache_dir, repo_id) / "snapshots" / commit
+    return snapshot if snapshot.is_dir() else None
+
+
+def installed(cache_dir: Path, repo_id: str) -> bool:
+    """True when ``refs/main`` of ``repo_id`` points at a snapshot in ``cache_dir`` that has at least one
+    file and no dangling symlinks (i.e. an offline ``from_pretrained`` can resolve it)."""
+    snapshot = _snapshot_path(cache_dir, repo_id)
+    if snapshot is None:
+        return False
+    entries = [p for p in snapshot.rglob("*") if not p.is_dir()]
+    return bool(entries) and all(p.exists() for p in entries)
+
+
+def _installed_fingerprint(cache_dir: Path, repo_id: str) -> str | None:
+    snapshot = _snapshot_path(cache_dir, repo_id)
+    if snapshot is None:
+        return None
+    try:
+        card = (snapshot / "README.md").read_text()
+    except OSError:
+        return None
+    for line in card.splitlines():
+        if line.startswith("tiny_zoo_fingerprint:"):
+            return line.split(":", 1)[1].strip()
+    return None
+
+
+# ----------------------------------------------------------------------------------------------------
+# Building
+# ----------------------------------------------------------------------------------------------------
+
+
+def _corpus_lines() -> list[str]:
+    rng = random.Random(int(_TOKENIZER_SPEC["corpus_seed"]))
+    w = _WORDS
+
+    def np_() -> str:
+        parts = [rng.choice(w["det"])]
+        for _ in range(rng.choice((0, 1, 1, 2))):
+            parts.append(rng.choice(w["adj"]))
+        parts.append(rng.choice(w["noun"]))
+        return " ".join(parts)
+
+    def clause() -> str:
+        subj = rng.choice(w["name"]) if rng.random() < 0.2 else np_()
+        out = f"{subj} {rng.choice(w['verb'])} {np_()}"
+        if rng.random() < 0.5:
+            out += f" {rng.choice(w['prep'])} {np_()}"
+        if rng.random() < 0.3:
+            out += f" {rng.choice(w['adv'])}"
+        return out
+
+    lines = list(_EXTRA_LINES) * 20
+    for _ in range(int(_TOKENIZER_SPEC["corpus_sentences"])):
+        s = clause()
+        if rng.random() < 0.3:
+            s += f", {rng.choice(w['conj'])} {clause()}"
+        if rng.random() < 0.5:
+            s = s[0].upper() + s[1:]
+        s += rng.choice((".", ".", ".", "!", "?"))
+        if rng.random() < 0.1:
+            s += f" {rng.randint(0, 2025)}"
+        lines.append(s)
+    return lines
+
+
+def _build_tokenizer(out_dir: Path) -> PreTrainedTokenizerBase:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token=_UNK))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=int(_TOKENIZER_SPEC["vocab_size"]),
+        min_frequency=int(_TOKENIZER_SPEC["min_frequency"]),
+        special_tokens=list(_SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_corpus_lines(), trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=_BOS,
+        eos_token=_EOS,
+        pad_token=_PAD,
+        unk_token=_UNK,
+        additional_special_tokens=[_IM_START, _IM_END],
+        model_max_length=int(_TOKENIZER_SPEC["model_max_length"]),
+        clean_up_tokenization_spaces=False,
+    )
+    fast.chat_template = _CHAT_TEMPLATE
+    fast.save_pretrained(str(out_dir))
+    return fast
+
+
+def _token_ids(tokenizer: PreTrainedTokenizerBase) -> dict[str, int]:
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in _SPECIAL_TOKENS}
+    return {t: int(i) for t, i in ids.items()}
+
+
+def _hub_config(arch: TinyArch, vocab_size: int, ids: Mapping[str, int]) -> dict[str, Any]:
+    import transformers
+
+    cfg: dict[str, Any] = dict(arch.config)
+    cfg.update(
+        {
+            "vocab_size": vocab_size,
+            "bos_token_id": ids[_BOS],
+            "eos_token_id": ids[_EOS],
+            "pad_token_id": ids[_PAD],
+            "dtype": "bfloat16",
+            "torch_dtype": "bfloat16",
+            "transformers_version": transformers.__version__,
+        }
+    )
+    return dict(sorted(cfg.items()))
+
+
+def _make_batch(
+    rng: random.Random, text_ids: Sequence[int], first_regular: int, vocab_size: int
+) -> tuple[list[list[int]], list[list[int]]]:
+    spec = _TRAIN_SPEC
+    seq_len = int(spec["seq_len"])
+    lo, hi = spec["block_len"]
+    plo, phi = spec["prefix_len"]
+    inputs: list[list[int]] = []
+    labels: list[list[int]] = []
+
+    def sample(n: int, text: bool) -> list[int]:
+        if text:
+            start = rng.randrange(0, len(text_ids) - n)
+            return list(text_ids[start : start + n])
+        return [rng.randrange(first_regular, vocab_size) for _ in range(n)]
+
+    for _ in range(int(spec["batch_size"])):
+        text = rng.random() < float(spec["text_block_fraction"])
+        prefix = sample(rng.randint(plo, phi), text)
+        block = sample(rng.randint(lo, hi), text)
+        seq = list(prefix)
+        while len(seq) < seq_len + 1:
+            seq.extend(block)
+        seq = seq[: seq_len + 1]
+        known = len(prefix) + len(block)  # targets from here on are copies
+        lab = [(-100 if i + 1 < known else t) for i, t in enumerate(seq[1:])]
+        inputs.append(seq[:-1])
+        labels.append(lab)
+    return inputs, labels
+
+
+@contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    from transformers.utils import logging as hf_logging
+
+    previous = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(previous)
+
+
+def _train(model: PreTrainedModel, seed: int, text_ids: Sequence[int], first_regular: int) -> float:
+    import torch
+
+    spec = _TRAIN_SPEC
+    steps = int(spec["steps"])
+    warmup = int(spec["warmup_steps"])
+    min_ratio = float(spec["min_lr_ratio"])
+    vocab_size = int(model.config.get_text_config().vocab_size)
+    opt = torch.optim.AdamW(
+        model.parameters(),
+        lr=float(spec["lr"]),
+        betas=(float(spec["betas"][0]), float(spec["betas"][1])),
+        weight_decay=float(spec["weight_decay"]),
+    )
+    def lr_at(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = (step - warmup) / max(1, steps - warmup)
+        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
+    rng = random.Random(seed)
+    model.train()
+    loss_value = float("nan")
+    for _ in range(steps):
+        inputs, labels = _make_batch(rng, text_ids, first_regular, vocab_size)
+        out = model(input_ids=torch.tensor(inputs), labels=torch.tensor(labels), use_cache=False)
+        loss = out.loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), float(spec["grad_clip"]))
+        opt.step()
+        sched.step()
+        loss_value = float(loss.detach())
+    model.eval()
+    return loss_value
+
+
+def _greedy(
+    model: PreTrainedModel,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    max_new_tokens: int,
+    compile_decoding: bool = False,
+) -> tuple[tuple[int, ...], float]:
+    """Greedy-decode; returns the new tokens and the min top-1/top-2 logit gap (nan when compiled)."""
+    import torch
+
+    kwargs: dict[str, Any] = {}
+    if compile_decoding:
+        from transformers import CompileConfig
+
+        cc = CompileConfig(backend="inductor", dynamic=False, mode="default")
+        cc._compile_all_devices = True
+        kwargs.update(cache_implementation="static", compile_config=cc)
+    with torch.no_grad():
+        out = model.generate(
+            input_ids,
+            attention_mask=attention_mask,
+            max_new_tokens=max_new_tokens,
+            min_new_tokens=max_new_tokens,
+            do_sample=False,
+            num_beams=1,
+            return_dict_in_generate=True,
+            output_logits=not compile_decoding,
+            **kwargs,
+        )
+    new = tuple(int(t) for t in out.sequences[0, input_ids.shape[1] :].tolist())
+    gap = float("nan")
+    if not compile_decoding and out.logits:
+        gaps = []
+        for step_logits in out.logits:
+            top2 = torch.topk(step_logits[0].float(), 2).values
+            gaps.append(float(top2[0] - top2[1]))
+        gap = min(gaps)
+    return new, gap
+
+
+def _arch_seed(arch: TinyArch) -> int:
+    return int(_TRAIN_SPEC["seed"]) + zlib.crc32(arch.name.encode())
+
+
+def _model_card(arch: TinyArch, fingerprint: str, loss: float, gap: float) -> str:
+    return (
+        "---\n"
+        "library_name: transformers\n"
+        "pipeline_tag: text-generation\n"
+        f"tags: [tiny-random, test, {arch.name}, {', '.join(arch.tags)}]\n"
+        f"tiny_zoo_fingerprint: {fingerprint}\n"
+        f"tiny_zoo_source: {arch.source}\n"
+        "---\n\n"
+        f"# {arch.repo_id}\n\n"
+        f"A tiny `{arch.model_type}` checkpoint for offline tests, built by `pytest_neuron_support.zoo`.\n"
+        f"Architecture fields come from [{arch.source}](https://huggingface.co/{arch.source}) with the\n"
+        "sizes shrunk; weights were trained for a few hundred steps to continue repeated text, so greedy\n"
+        "decoding is decisive (identical in fp32, bf16 and compiled bf16). Not a useful language model.\n\n"
+        f"- final training loss: {loss:.4f}\n"
+        f"- min top-2 logit gap on the zoo prompt (fp32, 32 tokens): {gap:.2f}\n"
+        + (f"- deviations from the source: {arch.notes}\n" if arch.notes else "")
+    )
+
+
+def _build_one(
+    arch: TinyArch,
+    tokenizer_dir: Path,
+    tokenizer: PreTrainedTokenizerBase,
+    text_ids: Sequence[int],
+    fingerprint: str,
+    out_dir: Path,
+) -> tuple[float, float]:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    ids = _token_ids(tokenizer)
+    vocab_size = len(tokenizer)
+    hub_cfg = _hub_config(arch, vocab_size, ids)
+    cfg_dir = out_dir / "_cfg"
+    cfg_dir.mkdir(parents=True)
+    (cfg_dir / "config.json").write_text(json.dumps(hub_cfg, indent=2) + "\n")
+    config = AutoConfig.from_pretrained(str(cfg_dir))  # the same parsing path a Hub download takes
+    shutil.rmtree(cfg_dir)
+
+    seed = _arch_seed(arch)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        loss = _train(model, seed, text_ids, first_regular=len(_SPECIAL_TOKENS))
+
+    enc = tokenizer(TINY_PROMPT, return_tensors="pt")
+    fp32_tokens, gap = _greedy(model, enc["input_ids"], enc["attention_mask"], 32)
+    model = model.to(torch.bfloat16)
+    bf16_tokens, _ = _greedy(model, enc["input_ids"], enc["attention_mask"], 32)
+    if fp32_tokens != bf16_tokens or not gap >= MIN_BUILD_GAP:
+        raise RuntimeError(
+            f"{arch.repo_id}: trained checkpoint is not decisive (loss {loss:.4f}, min top-2 gap {gap:.3f}, "
+            f"fp32 {fp32_tokens} vs bf16 {bf16_tokens})"
+        )
+
+    model.generation_config.do_sample = False
+    model.save_pretrained(str(out_dir))
+    # Config exactly as the source repo spells it (legacy field names included), not transformers'
+    # re-serialisation, so loading exercises the same config parsing as the real checkpoint.
+    (out_dir / "config.json").write_text(json.dumps(hub_cfg, indent=2) + "\n")
+    import transformers
+
+    gen_cfg = {
+        "bos_token_id": ids[_BOS],
+        "do_sample": False,
+        "eos_token_id": [ids[_EOS], ids[_IM_END]],
+        "pad_token_id": ids[_PAD],
+        "transformers_version": transformers.__version__,
+    }
+    (out_dir / "generation_config.json").write_text(json.dumps(gen_cfg, indent=2) + "\n")
+    for f in tokenizer_dir.iterdir():
+        shutil.copyfile(f, out_dir / f.name)
+    (out_dir / "README.md").write_text(_model_card(arch, fingerprint, loss, gap))
+    return loss, gap
+
+
+def build_zoo(
+    cache_dir: Path,
+    names: Sequence[str] | None = None,
+    *,
+    log: Callable[[str], None] = print,
+) -> list[str]:
+    """Build the tiny zoo (all of :data:`ARCHS`, or just ``names``) into the Hub cache ``cache_dir``.
+
+    Repos already installed with the current :func:`zoo_fingerprint` are skipped.  A cross-process
+    file lock under ``<cache_dir>/.locks`` serialises concurrent builders.  Deterministic (fixed seeds).
+    Raises ``RuntimeError`` if a trained checkpoint is not decisive on :data:`TINY_PROMPT`.  Returns
+    the repo ids, in the order requested.
+    """
+    from filelock import FileLock
+
+    cache_dir = Path(cache_dir)
+    archs = list(ARCHS) if names is None else [_arch_by_name(n) for n in names]
+    fingerprint = zoo_fingerprint()
+    (cache_dir / ".locks").mkdir(parents=True, exist_ok=True)
+    with FileLock(str(cache_dir / ".locks" / "tiny-zoo.lock")):
+        todo = [
+            a
+            for a in archs
+            if not (installed(cache_dir, a.repo_id) and _installed_fingerprint(cache_dir, a.repo_id) == fingerprint)
+        ]
+        for a in archs:
+            if a not in todo:
+                log(f"tiny zoo: {a.repo_id} already installed (fingerprint {fingerprint}), skipping")
+        if todo:
+            import torch
+
+            with _quiet_transformers(), tempfile.TemporaryDirectory(prefix="tiny-zoo-") as tmp:
+                t0 = time.perf_counter()
+                tokenizer_dir = Path(tmp) / "tokenizer"
+                tokenizer = _build_tokenizer(tokenizer_dir)
+                text_ids: list[int] = []
+                for line in _corpus_lines():
+                    text_ids.extend(tokenizer(" " + line)["input_ids"])
+                log(f"tiny zoo: tokenizer ({len(tokenizer)} tokens) in {time.perf_counter() - t0:.1f}s")
+                for a in todo:
+                    t0 = time.perf_counter()
+                    out_dir = Path(tmp) / a.name
+                    out_dir.mkdir()
+                    with torch.inference_mode(False):
+                        loss, gap = _build_one(a, tokenizer_dir, tokenizer, text_ids, fingerprint, out_dir)
+                    install_snapshot(cache_dir, a.repo_id, out_dir)
+                    log(
+                        f"tiny zoo: built {a.repo_id} in {time.perf_counter() - t0:.1f}s "
+                        f"(loss {loss:.4f}, min top-2 gap {gap:.2f})"
+                    )
+    return [a.repo_id for a in archs]
+
+
+# ----------------------------------------------------------------------------------------------------
+# Decisiveness check
+# ----------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DecisiveReport:
+    """Result of :func:`check_decisive`.
+
+    Attributes:
+        repo_id: the checked repo.
+        prompt: the prompt decoded from.
+        tokens: new token ids per mode: ``"fp32_eager"``, ``"bf16_eager"``, ``"bf16_compiled"`` (static
+            cache + ``torch.compile`` inductor decoding).
+        identical: all modes produced the same tokens.
+        min_top2_gap: smallest top-1 minus top-2 logit over all decoded positions, over the fp32 and the
+            bf16 eager runs.
+        text: the fp32 continuation, decoded.
+    """
+
+    repo_id: str
+    prompt: str
+    tokens: Mapping[str, tuple[int, ...]] = field(hash=False)
+    identical: bool
+    min_top2_gap: float
+    text: str
+
+
+def check_decisive(
+    cache_dir: Path, repo_id: str, prompt: str = TINY_PROMPT, max_new_tokens: int = 32
+) -> DecisiveReport:
+    """Load ``repo_id`` offline from the Hub cache ``cache_dir`` and greedy-decode ``max_new_tokens``
+    tokens of ``prompt`` in fp32 eager, bf16 eager and bf16 with compiled (static cache, inductor)
+    decoding.  Resets torch._dynamo before compiling."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    load = {"cache_dir": str(cache_dir), "local_files_only": True}
+    tokenizer = AutoTokenizer.from_pretrained(repo_id, **load)
+    enc = tokenizer(prompt, return_tensors="pt")
+    ids, mask = enc["input_ids"], enc["attention_mask"]
+    tokens: dict[str, tuple[int, ...]] = {}
+    with _quiet_transformers():
+        model = AutoModelForCausalLM.from_pretrained(repo_id, dtype=torch.float32, **load).eval()
+        tokens["fp32_eager"], gap32 = _greedy(model, ids, mask, max_new_tokens)
+        model = AutoModelForCausalLM.from_pretrained(repo_id, dtype=torch.bfloat16, **load).eval()
+        tokens["bf16_eager"], gap16 = _greedy(model, ids, mask, max_new_tokens)
+        torch._dynamo.reset()
+        tokens["bf16_compiled"], _ = _greedy(model, ids, mask, max_new_tokens, compile_decoding=True)
+        torch._dynamo.reset()
+    reference = tokens["fp32_eager"]
+    return DecisiveReport(
+        repo_id=repo_id,
+        prompt=prompt,
+        tokens=MappingProxyType(tokens),
+        identical=all(t == reference for t in tokens.values()),
+        min_top2_gap=min(gap32, gap16),
+        text=str(tokenizer.decode(list(reference))),
+    )

@@ -1,0 +1,44 @@
+"""Shared fixtures: the tiny zoo (built once per machine), pytester, and environment hygiene."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from filelock import FileLock
+
+from pytest_neuron_support import zoo
+
+pytest_plugins = ["pytester"]
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def zoo_home() -> Path:
+    """Where the tiny zoo is built: keyed by its fingerprint so a changed definition rebuilds."""
+    base = Path(os.environ.get("NEURON_SUPPORT_ZOO_HOME", Path.home() / ".cache" / "neuron-support"))
+    return base / f"zoo-{zoo.zoo_fingerprint()}"
+
+
+@pytest.fixture(scope="session")
+def tiny_zoo_cache() -> Path:
+    """A Hugging Face hub cache holding every tiny-zoo checkpoint (built once, xdist-safe)."""
+    home = zoo_home()
+    home.mkdir(parents=True, exist_ok=True)
+    cache = home / "hub"
+    with FileLock(str(home / ".build.lock")):
+        zoo.build_zoo(cache)
+    return cache
+
+
+@pytest.fixture
+def offline_hub(tiny_zoo_cache: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """Environment for subprocesses: the zoo cache, offline (no DNS retries), no tokens."""
+    monkeypatch.setenv("HF_HUB_CACHE", str(tiny_zoo_cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
+    for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    yield tiny_zoo_cache

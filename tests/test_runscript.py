@@ -1,0 +1,55 @@
+from __future__ import annotations
+
+import ast
+import sys
+
+from pytest_neuron_support.devices import DEVICES
+from pytest_neuron_support.runscript import RunSpec, render
+
+
+def spec(**overrides: object) -> RunSpec:
+    base: dict[str, object] = dict(
+        model="org/name", revision="main", task="text-generation", dtype="bfloat16", prompt="Hi @@MODEL@@ \"'",
+        max_new_tokens=32, device=DEVICES["neuron"], compile=True, compile_backend="neuron",
+    )
+    base.update(overrides)
+    return RunSpec(**base)  # type: ignore[arg-type]
+
+
+def spec_literal(source: str) -> dict[str, object]:
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "SPEC":
+            value = ast.literal_eval(node.value)
+            assert isinstance(value, dict)
+            return value
+    raise AssertionError("no SPEC literal")
+
+
+def test_rendered_script_is_valid_python_with_everything_written_in() -> None:
+    source = render(spec())
+    compile(source, "run.py", "exec")
+    written = spec_literal(source)
+    assert written["model"] == "org/name" and written["prompt"] == "Hi @@MODEL@@ \"'"
+    assert written["max_new_tokens"] == 32 and written["dtype"] == "bfloat16"
+    device = written["device"]
+    assert isinstance(device, dict)
+    assert device["device_map"] == "neuron" and device["compile_backend"] == "neuron"
+    assert device["env"] == {"TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION": "1"}
+    assert '"""Does org/name run on neuron?' in source
+
+
+def test_imports_are_limited_to_stdlib_torch_and_transformers() -> None:
+    tree = ast.parse(render(spec()))
+    roots = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            roots |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            roots.add(node.module.split(".")[0])
+    assert roots - set(sys.stdlib_module_names) == {"torch", "transformers"}
+
+
+def test_cpu_reference_script_stays_eager() -> None:
+    written = spec_literal(render(spec(device=DEVICES["cpu"], compile=False, compile_backend="inductor")))
+    assert written["compile"] is False
+    assert isinstance(written["device"], dict) and written["device"]["force_compile"] is True
