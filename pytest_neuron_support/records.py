@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import platform
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -219,13 +218,6 @@ def arrow_schema() -> Any:
     scalar = {"string": pa.string(), "int64": pa.int64(), "double": pa.float64(), "bool": pa.bool_()}
     fields = []
     for name, type_name in COLUMN_TYPES.items():
-        if type_name.startswith("list<"):
-            arrow_type = pa.list_(scalar[type_name[5:-1]])
-        else:
-            arrow_type = scalar[type_name]
+        arrow_type = pa.list_(scalar[type_name[5:-1]]) if type_name.startswith("list<") else scalar[type_name]
         fields.append(pa.field(name, arrow_type, metadata={"doc": COLUMN_DOCS[name]}))
     return pa.schema(fields, metadata={"schema_version": str(SCHEMA_VERSION)})
-
-
-def python_version() -> str:
-    return ".".join(map(str, sys.version_info[:3]))

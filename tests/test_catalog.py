@@ -57,8 +57,17 @@ models:
     catalog = parse_catalog(text, "cat.yaml")
     a, b = catalog.models
     assert a == ModelSpec(
-        id="org/model-a", task="text-generation", revision="v1.0", dtype="float16", prompt="Hello", cores=4,
-        trust_remote_code=True, extra_packages=("foo==1.0",), tags=("llama", "dense"), file="cat.yaml", line=3,
+        id="org/model-a",
+        task="text-generation",
+        revision="v1.0",
+        dtype="float16",
+        prompt="Hello",
+        cores=4,
+        trust_remote_code=True,
+        extra_packages=("foo==1.0",),
+        tags=("llama", "dense"),
+        file="cat.yaml",
+        line=3,
     )
     assert b.exclude is not None and b.exclude.reason == "too-large" and b.line == 12
     assert b.revision == "main" and b.dtype == "bfloat16"
@@ -162,7 +171,7 @@ def test_malformed_catalog_names_file_line_entry_field_value_and_fix(case: str) 
 
 
 def test_missing_and_unreadable_files(tmp_path: Path) -> None:
-    with pytest.raises(CatalogError, match="file not found.*--models-file"):
+    with pytest.raises(CatalogError, match=r"file not found.*--models-file"):
         load_catalog(tmp_path / "nope.yaml")
     binary = tmp_path / "bin.yaml"
     binary.write_bytes(b"\xff\xfe\x00models")

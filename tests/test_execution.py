@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
 import textwrap
 import time
 from pathlib import Path
@@ -34,14 +33,15 @@ def script(tmp_path: Path, body: str) -> Path:
     path.write_text(
         "import argparse, json, os, sys, time, signal, subprocess\n"
         "p = argparse.ArgumentParser(); p.add_argument('--out'); args = p.parse_args()\n"
-        "def stage(s): print(f'[neuron-support] stage={s}', file=sys.stderr, flush=True)\n"
-        + textwrap.dedent(body)
+        "def stage(s): print(f'[neuron-support] stage={s}', file=sys.stderr, flush=True)\n" + textwrap.dedent(body)
     )
     return path
 
 
 def test_result_is_read_back(tmp_path: Path) -> None:
-    s = script(tmp_path, "stage('load'); stage('generate'); json.dump({'ok': True, 'tokens': [1]}, open(args.out, 'w'))\n")
+    s = script(
+        tmp_path, "stage('load'); stage('generate'); json.dump({'ok': True, 'tokens': [1]}, open(args.out, 'w'))\n"
+    )
     outcome = run_script(s, tmp_path / "r.json", env=os.environ, timeout=60, log_path=tmp_path / "log")
     assert outcome.returncode == 0 and not outcome.timed_out
     assert outcome.result == {"ok": True, "tokens": [1]}

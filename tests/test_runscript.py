@@ -9,8 +9,15 @@ from pytest_neuron_support.runscript import RunSpec, render
 
 def spec(**overrides: object) -> RunSpec:
     base: dict[str, object] = dict(
-        model="org/name", revision="main", task="text-generation", dtype="bfloat16", prompt="Hi @@MODEL@@ \"'",
-        max_new_tokens=32, device=DEVICES["neuron"], compile=True, compile_backend="neuron",
+        model="org/name",
+        revision="main",
+        task="text-generation",
+        dtype="bfloat16",
+        prompt="Hi @@MODEL@@ \"'",
+        max_new_tokens=32,
+        device=DEVICES["neuron"],
+        compile=True,
+        compile_backend="neuron",
     )
     base.update(overrides)
     return RunSpec(**base)  # type: ignore[arg-type]

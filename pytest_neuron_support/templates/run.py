@@ -113,7 +113,7 @@ def generate_kwargs(tokenizer):
 
 def top_logprobs(torch, logits, tokens, k):
     out = []
-    for step, token in zip(logits, tokens):
+    for step, token in zip(logits, tokens, strict=False):
         logprobs = torch.log_softmax(step[0].detach().float().cpu(), dim=-1)
         values, ids = logprobs.topk(k)
         out.append(
