@@ -12,6 +12,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+PARITY_MODES: tuple[str, ...] = ("exact", "near-tie")
+#: Near-tie rule (vLLM's check_logprobs_close, tightened with a gap as peers do): at the first
+#: divergence each run's token is in the other's top-N, and they are at most this far apart.
+NEAR_TIE_TOP_N = 5
+NEAR_TIE_MAX_GAP = 0.5  # nats: bf16 resolution near typical logprobs is a few hundredths
+
 
 @dataclass(frozen=True)
 class Parity:
@@ -25,6 +31,8 @@ class Parity:
         logprob_gap: at the divergence, the reference's logprob of its own token minus its
             logprob of the device token (nats, >= 0); from the device's distribution when the
             reference's top-k does not hold the device token; None if neither has both.
+        near_tie: at the first divergence each token is in the other run's top-5 and the gap is
+            at most 0.5 nats (numeric drift); None when the runs agree.
     """
 
     match: bool
@@ -33,6 +41,7 @@ class Parity:
     device_token: int | None
     reference_token: int | None
     logprob_gap: float | None
+    near_tie: bool | None = None
 
 
 def _logprob(position: Mapping[str, Any] | None, token: int) -> float | None:
@@ -61,7 +70,7 @@ def compare(
             break
         prefix += 1
     if prefix == len(device_tokens) == len(reference_tokens):
-        return Parity(True, prefix, None, None, None, None)
+        return Parity(True, prefix, None, None, None, None, None)
     dev = device_tokens[prefix] if prefix < len(device_tokens) else None
     ref = reference_tokens[prefix] if prefix < len(reference_tokens) else None
     gap: float | None = None
@@ -75,4 +84,41 @@ def compare(
                 own, other = other, own  # device's view: its token minus the reference token
         if own is not None and other is not None:
             gap = round(own - other, 6)
-    return Parity(False, prefix, prefix, dev, ref, gap)
+    near_tie = (
+        dev is not None
+        and ref is not None
+        and gap is not None
+        and gap <= NEAR_TIE_MAX_GAP
+        and _in_top(_at(reference_top, prefix), dev)
+        and _in_top(_at(device_top, prefix), ref)
+    )
+    return Parity(False, prefix, prefix, dev, ref, gap, near_tie)
+
+
+def _in_top(position: Mapping[str, Any] | None, token: int) -> bool:
+    return position is not None and token in list(position.get("ids", ()))[:NEAR_TIE_TOP_N]
+
+
+#: Default judge of sharded runs: a small instruct model that runs on any host CPU.
+DEFAULT_JUDGE = "Qwen/Qwen2.5-0.5B-Instruct"
+#: P(yes | yes or no) at or above which the judge's answer counts as "fluent".
+JUDGE_THRESHOLD = 0.5
+#: Text whose printable share is below this is garbage, whatever a judge would say.
+MIN_PRINTABLE = 0.9
+
+
+def fluency_precheck(text: str, tokens: Sequence[int]) -> str | None:
+    """Cheap failures that need no judge: why the text cannot be fluent, or None.
+
+    Runs before the judge model so broken outputs fail fast: nothing generated, the same
+    token over and over (a classic symptom of a broken sharded matmul), or mostly bytes that
+    do not print.
+    """
+    if not tokens or not text.strip():
+        return "empty output"
+    if len(tokens) > 1 and len(set(tokens)) == 1:
+        return f"one token repeated {len(tokens)} times (id {tokens[0]})"
+    printable = sum(1 for ch in text if ch.isprintable() or ch in "\n\t")
+    if printable / len(text) < MIN_PRINTABLE:
+        return f"mostly non-printable ({printable} of {len(text)} characters print)"
+    return None

@@ -155,6 +155,19 @@ def recover_parts(results_dir: Path, *, keep: Path | None = None) -> int:
     return recovered
 
 
+def expected_seconds_from_dataset(results_dir: Path, device: str) -> dict[str, float]:
+    """Seconds each model took last time on ``device`` (device run plus reference), newest stack wins."""
+    seconds: dict[str, float] = {}
+    try:
+        rows = read_dataset(results_dir)
+    except Exception:  # an unreadable old dataset only costs the ordering hint
+        return seconds
+    for row in sorted(rows, key=lambda r: r.timestamp):
+        if row.device == device and row.run_s is not None:
+            seconds[row.model_id] = row.run_s + (row.reference_s or 0.0)
+    return seconds
+
+
 def check_writable(results_dir: Path) -> None:
     """Raise OSError now, before the sweep, if rows could not be written later."""
     results_dir.mkdir(parents=True, exist_ok=True)

@@ -48,6 +48,12 @@ class DeviceKind:
             running eagerly, which would be a false PASS.
         count_expr: Python expression (after ``import torch``) giving how many cores or
             devices the machine has; evaluated only inside :func:`probe`'s subprocess.
+        memory_expr: expression giving one core's memory in bytes (same rules), or None
+            where a core has no memory of its own (cpu plans as if on a trn2 core).
+        compare_sharded: sharded runs are also compared with a CPU reference (affordable off
+            Trainium; on neuron sharded models are the big ones and only the judge decides).
+        max_pool: largest ``--neuron-cores`` accepted, or None for "what the probe counts";
+            cpu cores are slots for ranks, not physical CPUs, so any pool up to 64 works.
     """
 
     name: str
@@ -60,6 +66,9 @@ class DeviceKind:
     memory_module: str | None
     env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     count_expr: str = "0"
+    memory_expr: str | None = None
+    compare_sharded: bool = True
+    max_pool: int | None = None
 
     def pin_cores(self, first: int, count: int) -> dict[str, str]:
         """Environment that restricts a process to cores ``first .. first+count-1``."""
@@ -78,6 +87,7 @@ class DeviceKind:
             "device_map": self.device_map,
             "compile_backend": self.compile_backend,
             "dist_backend": self.dist_backend,
+            "core_env_var": self.core_env_var,
             "force_compile": self.force_compile,
             "memory_module": self.memory_module,
             "env": dict(self.env),
@@ -99,6 +109,8 @@ DEVICES: Mapping[str, DeviceKind] = MappingProxyType(
             count_expr=(
                 "torch.neuron.device_count() if hasattr(torch, 'neuron') and torch.neuron.is_available() else 0"
             ),
+            memory_expr="torch.neuron.get_device_properties(0).total_memory",
+            compare_sharded=False,
         ),
         "cuda": DeviceKind(
             name="cuda",
@@ -110,6 +122,7 @@ DEVICES: Mapping[str, DeviceKind] = MappingProxyType(
             force_compile=False,
             memory_module="cuda",
             count_expr="torch.cuda.device_count() if torch.cuda.is_available() else 0",
+            memory_expr="torch.cuda.get_device_properties(0).total_memory",
         ),
         "cpu": DeviceKind(
             name="cpu",
@@ -122,6 +135,7 @@ DEVICES: Mapping[str, DeviceKind] = MappingProxyType(
             memory_module=None,
             # A cpu "core" in the pool is a slot for one rank, not a physical CPU.
             count_expr="__import__('os').cpu_count() or 1",
+            max_pool=64,
         ),
     }
 )
@@ -132,9 +146,11 @@ AUTO_ORDER: tuple[str, ...] = ("neuron", "cuda", "cpu")
 
 @dataclass(frozen=True)
 class ProbeResult:
-    """What a throwaway subprocess saw: cores per device kind (0 = absent)."""
+    """What a throwaway subprocess saw: cores per device kind (0 = absent), and the
+    memory of one core where the kind reports it."""
 
     counts: Mapping[str, int]
+    core_memory: Mapping[str, int] = field(default_factory=dict)
 
     def resolve(self, choice: str) -> str:
         """Map ``--device`` (``auto`` or a kind) to a concrete kind name."""
@@ -150,12 +166,17 @@ _PROBE_SCRIPT = """
 import json, sys
 import torch
 exprs = json.loads(sys.argv[1])
-out = {}
-for name, expr in exprs.items():
+out = {"counts": {}, "core_memory": {}}
+for name, (count, memory) in exprs.items():
     try:
-        out[name] = int(eval(expr))
+        out["counts"][name] = int(eval(count))
     except Exception:
-        out[name] = 0
+        out["counts"][name] = 0
+    if memory and out["counts"][name] > 0:
+        try:
+            out["core_memory"][name] = int(eval(memory))
+        except Exception:
+            pass
 print(json.dumps(out))
 """
 
@@ -166,7 +187,7 @@ def probe(names: tuple[str, ...] = AUTO_ORDER, python: str = sys.executable, tim
     Running this in the pytest process would initialise the runtime there: on neuron a
     process that pins nothing reserves every core until it exits.
     """
-    exprs = {name: DEVICES[name].count_expr for name in names}
+    exprs = {name: (DEVICES[name].count_expr, DEVICES[name].memory_expr) for name in names}
     proc = subprocess.run(
         [python, "-c", _PROBE_SCRIPT, json.dumps(exprs)],
         capture_output=True,
@@ -176,5 +197,8 @@ def probe(names: tuple[str, ...] = AUTO_ORDER, python: str = sys.executable, tim
     )
     if proc.returncode != 0:
         raise RuntimeError(f"device probe failed (exit {proc.returncode}): {proc.stderr.strip()[-2000:]}")
-    counts = json.loads(proc.stdout.strip().splitlines()[-1])
-    return ProbeResult(counts={str(k): int(v) for k, v in counts.items()})
+    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    return ProbeResult(
+        counts={str(k): int(v) for k, v in seen["counts"].items()},
+        core_memory={str(k): int(v) for k, v in seen["core_memory"].items()},
+    )

@@ -7,8 +7,10 @@ so one broken model never stops a sweep.
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import re
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -16,11 +18,12 @@ from typing import Any
 
 from . import __version__
 from .catalog import ModelSpec
-from .checks import compare
+from .checks import DEFAULT_JUDGE, compare, fluency_precheck
 from .devices import DEVICES, DeviceKind
 from .execution import ProcessOutcome, run_script
+from .planning import DEFAULT_HEADROOM, DEFAULT_MAX_CORES, Plan, PlanningError, inspect_model, plan_cores
 from .records import Row, Stack
-from .runscript import RunSpec, render
+from .runscript import JudgeSpec, RunSpec, render, render_judge
 
 #: Environment variables whose values must never reach run.py, rows or logs.
 SECRET_VARS: tuple[str, ...] = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HUGGINGFACE_TOKEN", "HF_API_TOKEN")
@@ -41,6 +44,13 @@ class Settings:
         reference_dtype: dtype of the CPU reference, None = the device run's dtype.
         allow_remote_code: the user opted in to Hub repository code (--allow-remote-code).
         stack: versions of the installed stack.
+        core_bytes: memory of one core the planner fills (device-reported or --core-memory-gib).
+        headroom: fraction of each core kept free of weights (--memory-headroom).
+        max_cores: most cores one model may use (--max-cores).
+        lease_dir: directory of the session's core ledger, shared by all workers.
+        judge_model: Hub id (or local path) of the model that judges sharded runs' fluency.
+        judge_revision: its revision.
+        parity: ``exact`` (every token equal) or ``near-tie`` (a near-tie first divergence passes).
     """
 
     device: DeviceKind
@@ -53,6 +63,13 @@ class Settings:
     reference_dtype: str | None
     allow_remote_code: bool
     stack: Stack
+    core_bytes: int = 24 << 30
+    headroom: float = DEFAULT_HEADROOM
+    max_cores: int = DEFAULT_MAX_CORES
+    lease_dir: Path | None = None
+    judge_model: str = DEFAULT_JUDGE
+    judge_revision: str = "main"
+    parity: str = "exact"
 
 
 def slug(model_id: str) -> str:
@@ -122,7 +139,62 @@ def gate(model: ModelSpec, settings: Settings) -> Row | None:
     return None
 
 
-def run_spec(model: ModelSpec, settings: Settings, *, device: DeviceKind, reference: bool, post_load: str) -> RunSpec:
+def plan_model(model: ModelSpec, settings: Settings) -> Plan:
+    """The model's plan; a model that cannot be inspected runs on one core (its load will say why)."""
+    try:
+        shape = inspect_model(model)
+    except PlanningError as exc:
+        cores = 1 if model.cores is None else model.cores
+        return Plan(
+            cores=cores,
+            tp_size=cores,
+            ep_size=1,
+            weight_bytes=0,
+            skip=None,
+            reason=f"not inspected ({exc}); running on {cores} core(s)",
+        )
+    return plan_cores(
+        shape,
+        dtype=model.dtype,
+        core_bytes=settings.core_bytes,
+        headroom=settings.headroom,
+        max_cores=settings.max_cores,
+        override=model.cores,
+    )
+
+
+def prior_seconds(plan: Plan) -> float:
+    """Expected seconds of a model never run before: compile dominates and grows with size.
+
+    A rough prior (60 s plus 25 s per GiB of weights), only used to order the sweep.
+    """
+    return 60.0 + 25.0 * plan.weight_bytes / (1 << 30)
+
+
+def distributed_configs(plan: Plan) -> tuple[dict[str, Any], ...]:
+    """``DistributedConfig`` keyword sets run.py tries in order for a sharded plan.
+
+    Which of them loads differs between transformers versions (5.24 on gloo: experts-only
+    ``ep_size=n, tp_plan={}`` raises "has no tp_plan" while ``tp_size=n, ep_size=n`` and
+    ``fsdp_size=n, ep_size=n`` work), so run.py detects it and the row records the one used.
+    """
+    if plan.tp_size > 1:
+        return ({"tp_size": plan.tp_size}, {"tp_size": plan.tp_size, "ep_size": plan.tp_size})
+    if plan.ep_size > 1:
+        n = plan.ep_size
+        return ({"ep_size": n, "tp_plan": {}}, {"tp_size": n, "ep_size": n}, {"fsdp_size": n, "ep_size": n})
+    return ()
+
+
+def run_spec(
+    model: ModelSpec,
+    settings: Settings,
+    *,
+    device: DeviceKind,
+    reference: bool,
+    post_load: str,
+    plan: Plan | None = None,
+) -> RunSpec:
     return RunSpec(
         model=model.id,
         revision=model.revision,
@@ -135,6 +207,8 @@ def run_spec(model: ModelSpec, settings: Settings, *, device: DeviceKind, refere
         compile_backend=device.compile_backend if reference else settings.compile_backend,
         trust_remote_code=model.trust_remote_code and settings.allow_remote_code,
         post_load="" if reference else post_load,
+        world_size=1 if reference or plan is None else max(plan.cores, 1),
+        distributed_configs=() if reference or plan is None else distributed_configs(plan),
     )
 
 
@@ -176,31 +250,45 @@ def _stage_name(stage: str, reference: bool) -> str:
     return stage if stage in ("load", "compile", "generate") else "load" if stage == "start" else stage
 
 
+def planned_row(model: ModelSpec, settings: Settings, plan: Plan) -> Row:
+    """The row before running: identity and plan; SKIPPED when the plan cannot run here."""
+    row = replace(
+        base_row(model, settings),
+        neuron_cores=plan.cores or None,
+        tp_size=plan.tp_size,
+        ep_size=plan.ep_size,
+        plan_reason=plan.reason,
+        compile_backend=settings.compile_backend,
+    )
+    if plan.skip is not None:
+        return replace(row, result="SKIPPED", failure_stage="plan", error=plan.skip)
+    if plan.cores > settings.pool_cores:
+        return replace(
+            row,
+            result="SKIPPED",
+            failure_stage="plan",
+            error=f"needs {plan.cores} cores but the pool has {settings.pool_cores}; pass --neuron-cores={plan.cores} "
+            "or more on a machine that has them",
+        )
+    return row
+
+
 def run_model(
     model: ModelSpec,
     settings: Settings,
+    plan: Plan,
     *,
     cores: tuple[int, int] = (0, 1),
     post_load: str = "",
     env: Mapping[str, str] | None = None,
 ) -> Row:
     """Check one model end to end and return its row. ``cores`` is the lease (first, count)."""
-    gated = gate(model, settings)
-    if gated is not None:
-        return gated
     environ = dict(os.environ if env is None else env)
     first, count = cores
-    row = replace(
-        base_row(model, settings),
-        neuron_cores=count,
-        tp_size=1,
-        ep_size=1,
-        plan_reason=f"{count} core(s) leased: {first}..{first + count - 1}",
-        compile_backend=settings.compile_backend,
-    )
+    row = replace(planned_row(model, settings, plan), first_core=first, lease_start=round(time.time(), 3))
     workdir = settings.results_dir / "runs" / slug(model.id) / settings.device.name
     device_env = {**environ, **settings.device.pin_cores(first, count)}
-    spec = run_spec(model, settings, device=settings.device, reference=False, post_load=post_load)
+    spec = run_spec(model, settings, device=settings.device, reference=False, post_load=post_load, plan=plan)
     source, outcome = _execute(spec, workdir / "device", device_env, settings.model_timeout)
     row = replace(row, runscript=source, run_s=round(outcome.wall_s, 3))
     result = outcome.result
@@ -208,36 +296,102 @@ def run_model(
         row = _with_device_result(row, result)
     if result is None or not result.get("ok"):
         status, stage, error = _failure(outcome, "run.py")
-        return replace(row, result=status, failure_stage=_stage_name(stage, False), error=scrub(error, environ))
+        return replace(
+            row,
+            result=status,
+            failure_stage=_stage_name(stage, False),
+            error=scrub(error, environ),
+            lease_end=round(time.time(), 3),
+        )
 
+    sharded = plan.cores > 1
+    if not sharded or settings.device.compare_sharded:
+        row, failed = _reference(model, settings, row, result, workdir, environ)
+        if failed:
+            return failed
+    if sharded:
+        return _judge(row, settings, workdir, environ)
+    row = replace(row, lease_end=round(time.time(), 3))
+    if row.reference_match or (settings.parity == "near-tie" and row.near_tie):
+        return replace(row, result="PASS")
+    n = len(row.reference_tokens)
+    error = (
+        f"tokens differ from the CPU reference at index {row.first_divergence} of {n} "
+        f"(device {row.device_token}, reference {row.reference_token}, gap {row.logprob_gap} nats"
+        f"{', a near-tie' if row.near_tie else ''})"
+    )
+    return replace(row, result="FAIL", failure_stage="parity", error=error)
+
+
+def _reference(
+    model: ModelSpec, settings: Settings, row: Row, result: Mapping[str, Any], workdir: Path, environ: Mapping[str, str]
+) -> tuple[Row, Row | None]:
+    """Run the CPU reference and record the comparison; the second value is a final row if it failed."""
     ref_spec = run_spec(model, settings, device=DEVICES["cpu"], reference=True, post_load="")
     cpu_env = {k: v for k, v in environ.items() if k not in _PIN_VARS}
     _, ref = _execute(ref_spec, workdir / "reference", cpu_env, settings.model_timeout)
     row = replace(row, reference_dtype=ref_spec.dtype, reference_s=round(ref.wall_s, 3))
     if ref.result is None or not ref.result.get("ok"):
         status, _, error = _failure(ref, "CPU reference run.py")
-        return replace(row, result=status, failure_stage="reference", error=scrub(error, environ))
-
+        failed = replace(
+            row, result=status, failure_stage="reference", error=scrub(error, environ), lease_end=round(time.time(), 3)
+        )
+        return row, failed
     parity = compare(
         result["tokens"], ref.result["tokens"], result.get("top_logprobs", ()), ref.result.get("top_logprobs", ())
     )
     row = replace(
         row,
         reference_tokens=tuple(ref.result["tokens"]),
+        reference_match=parity.match,
+        near_tie=parity.near_tie,
         matched_prefix=parity.matched_prefix,
         first_divergence=parity.first_divergence,
         device_token=parity.device_token,
         reference_token=parity.reference_token,
         logprob_gap=parity.logprob_gap,
     )
-    if parity.match:
-        return replace(row, result="PASS")
-    n = len(ref.result["tokens"])
-    error = (
-        f"tokens differ from the CPU reference at index {parity.first_divergence} of {n} "
-        f"(device {parity.device_token}, reference {parity.reference_token}, gap {parity.logprob_gap} nats)"
+    return row, None
+
+
+def _judge(row: Row, settings: Settings, workdir: Path, environ: Mapping[str, str]) -> Row:
+    """A sharded run's verdict: cheap checks, then a judge model in its own CPU process."""
+    row = replace(row, judge_model=settings.judge_model, judge_revision=settings.judge_revision)
+    text = row.text or ""
+    precheck = fluency_precheck(text, row.tokens)
+    if precheck is not None:
+        return replace(
+            row,
+            result="FAIL",
+            failure_stage="judge",
+            judge_verdict=f"precheck: {precheck}",
+            error=precheck,
+            lease_end=round(time.time(), 3),
+        )
+    directory = workdir / "judge"
+    directory.mkdir(parents=True, exist_ok=True)
+    script = directory / "judge.py"
+    script.write_text(render_judge(JudgeSpec(settings.judge_model, settings.judge_revision, text)), encoding="utf-8")
+    cpu_env = {k: v for k, v in environ.items() if k not in _PIN_VARS}
+    outcome = run_script(
+        script, directory / "verdict.json", env=cpu_env, timeout=settings.model_timeout, log_path=directory / "log.txt"
     )
-    return replace(row, result="FAIL", failure_stage="parity", error=error)
+    row = replace(row, lease_end=round(time.time(), 3))
+    verdict = outcome.result
+    if verdict is None or not verdict.get("ok"):
+        status, _, error = _failure(outcome, f"judge {settings.judge_model}")
+        return replace(row, result=status, failure_stage="judge", error=scrub(error, environ))
+    score = float(verdict["score"])
+    row = replace(
+        row,
+        judge_revision=str(verdict.get("resolved_revision") or settings.judge_revision),
+        judge_score=round(score, 6),
+        judge_verdict="fluent" if verdict["fluent"] else "not fluent",
+    )
+    if verdict["fluent"]:
+        return replace(row, result="PASS")
+    error = f"judge {settings.judge_model} found the text not fluent (P(yes)={score:.3f}): {text[:200]!r}"
+    return replace(row, result="FAIL", failure_stage="judge", error=error)
 
 
 _PIN_VARS = frozenset(kind.core_env_var for kind in DEVICES.values() if kind.core_env_var)
@@ -258,6 +412,7 @@ def _with_device_result(row: Row, result: Mapping[str, Any]) -> Row:
         peak_device_memory_bytes=result.get("peak_device_memory_bytes"),
         peak_host_rss_bytes=result.get("peak_host_rss_bytes"),
         tokens=tuple(result.get("tokens") or ()),
+        distributed_config=json.dumps(result["distributed_config"]) if result.get("distributed_config") else None,
         text=result.get("text"),
         torch=versions.get("torch", row.torch),
         library_version=versions.get("transformers", row.library_version),

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,12 +20,18 @@ import pytest
 
 from . import hooks
 from .catalog import DEFAULT_PROMPT, DTYPES, CatalogError, ModelSpec, cli_model, load_catalog, merge_models
-from .dataset import PartWriter, check_writable, recover_parts
+from .checks import DEFAULT_JUDGE, PARITY_MODES
+from .cores import CorePool
+from .dataset import PartWriter, check_writable, expected_seconds_from_dataset, recover_parts
 from .devices import AUTO_ORDER, DEVICES, probe
-from .pipeline import Settings, run_model, slug
+from .pipeline import Settings, gate, plan_model, planned_row, prior_seconds, run_model, slug
+from .planning import CORE_CHOICES, DEFAULT_HEADROOM, DEFAULT_MAX_CORES, Plan
 from .records import Row, current_stack
 
 ROW_PROPERTY = "neuron_support_row"
+#: A trn2 logical NeuronCore at LNC=2 (the default): 96 GiB HBM per chip / 4. Devices that
+#: report no per-core memory (cpu) are planned as if they were one, so plans match Trainium's.
+TRN2_CORE_BYTES = 24 << 30
 WORKERINPUT_KEY = "neuron_support"
 
 
@@ -43,6 +51,12 @@ class Options:
     compile_backend: str | None
     reference_dtype: str | None
     allow_remote_code: bool
+    judge_model: str
+    judge_revision: str
+    parity: str
+    core_memory_gib: float | None
+    memory_headroom: float
+    max_cores: int
 
 
 options_key = pytest.StashKey[Options]()
@@ -50,6 +64,7 @@ settings_key = pytest.StashKey[Settings]()
 catalog_key = pytest.StashKey[tuple[ModelSpec, ...]]()
 writer_key = pytest.StashKey["ResultsWriter"]()
 model_key = pytest.StashKey[ModelSpec]()
+plan_key = pytest.StashKey[Plan]()
 
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
@@ -110,10 +125,42 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="dtype of the CPU reference run (default: the device run's dtype)",
     )
     group.addoption(
+        "--max-cores",
+        default=str(DEFAULT_MAX_CORES),
+        metavar="N",
+        help=f"most cores one model may use (default {DEFAULT_MAX_CORES})",
+    )
+    group.addoption(
+        "--core-memory-gib",
+        default=None,
+        metavar="GIB",
+        help="memory of one core for planning (default: what the device reports; 24 on cpu, as a trn2 "
+        "logical core at LNC=2)",
+    )
+    group.addoption(
+        "--memory-headroom",
+        default=str(DEFAULT_HEADROOM),
+        metavar="FRACTION",
+        help=f"fraction of each core kept free for KV cache, activations and runtime (default {DEFAULT_HEADROOM})",
+    )
+    group.addoption(
         "--allow-remote-code",
         action="store_true",
         default=False,
         help="run Hub repository code for catalog entries that set trust_remote_code: true",
+    )
+    group.addoption(
+        "--judge-model",
+        default=DEFAULT_JUDGE,
+        metavar="ID",
+        help=f"small instruct model that judges whether a sharded run's text is fluent (default {DEFAULT_JUDGE})",
+    )
+    group.addoption("--judge-revision", default="main", metavar="REV", help="revision of --judge-model")
+    group.addoption(
+        "--parity",
+        default="exact",
+        choices=PARITY_MODES,
+        help="exact: every token equal (default); near-tie: also pass when the first divergence is a near-tie",
     )
 
 
@@ -148,6 +195,7 @@ def parse_options(config: pytest.Config) -> Options:
     if not prompt.strip():
         raise pytest.UsageError("--prompt is empty; pass some text or leave the option out")
     cores = get("neuron_cores")
+    memory = get("core_memory_gib")
     return Options(
         models_file=models_file.resolve(),
         models_file_explicit=explicit,
@@ -161,7 +209,51 @@ def parse_options(config: pytest.Config) -> Options:
         compile_backend=get("compile_backend"),
         reference_dtype=get("reference_dtype"),
         allow_remote_code=get("allow_remote_code"),
+        judge_model=_judge_model(get("judge_model")),
+        judge_revision=get("judge_revision"),
+        parity=get("parity"),
+        core_memory_gib=None if memory is None else _positive_float(memory, "--core-memory-gib", "24"),
+        memory_headroom=_fraction(get("memory_headroom")),
+        max_cores=_core_choice(get("max_cores")),
     )
+
+
+def _judge_model(value: str) -> str:
+    try:
+        return cli_model(value).id
+    except CatalogError:
+        raise pytest.UsageError(
+            f"--judge-model={value!r} is not a Hub id or an existing directory; pass e.g. --judge-model={DEFAULT_JUDGE}"
+        ) from None
+
+
+def _positive_float(value: str, flag: str, example: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        number = -1.0
+    if not number > 0:
+        raise pytest.UsageError(f"{flag}={value!r} must be a positive number, e.g. {flag}={example}")
+    return number
+
+
+def _fraction(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        number = -1.0
+    if not 0 <= number < 1:
+        raise pytest.UsageError(f"--memory-headroom={value!r} must be a fraction in [0, 1), e.g. 0.25")
+    return number
+
+
+def _core_choice(value: str) -> int:
+    number = _positive_int(value, "--max-cores")
+    if number not in CORE_CHOICES:
+        raise pytest.UsageError(
+            f"--max-cores={value} is not a core count a model can use; pass one of {', '.join(map(str, CORE_CHOICES))}"
+        )
+    return number
 
 
 def _sweep_requested(config: pytest.Config, options: Options) -> bool:
@@ -176,8 +268,9 @@ def _sweep_requested(config: pytest.Config, options: Options) -> bool:
     return False
 
 
-def _resolve_device(options: Options) -> tuple[str, int]:
-    """(device kind, pool size) from the options and, where needed, a probe subprocess."""
+def _resolve_device(options: Options) -> tuple[str, int, int]:
+    """(device kind, pool size, bytes per core) from the options and, where needed, a probe subprocess."""
+    core_memory: int | None = None
     if options.device == "cpu":
         available = os.cpu_count() or 1
     else:
@@ -186,6 +279,7 @@ def _resolve_device(options: Options) -> tuple[str, int]:
         except Exception as exc:  # a broken torch install is the user's to fix, said plainly
             raise pytest.UsageError(f"could not probe devices: {exc}") from None
         name = seen.resolve(options.device)
+        core_memory = seen.core_memory.get(name)
         if name == "cpu":
             available = os.cpu_count() or 1
         else:
@@ -196,15 +290,20 @@ def _resolve_device(options: Options) -> tuple[str, int]:
                     "install its runtime or pass --device=cpu"
                 )
         options = Options(**{**options.__dict__, "device": name})
-    if options.neuron_cores is not None and options.neuron_cores > available:
+    limit = DEVICES[options.device].max_pool or available
+    if options.neuron_cores is not None and options.neuron_cores > limit:
         raise pytest.UsageError(
-            f"--neuron-cores={options.neuron_cores} is more than the {available} core(s) the "
-            f"{options.device} device reports; pass at most {available}"
+            f"--neuron-cores={options.neuron_cores} is more than the {limit} core(s) the "
+            f"{options.device} device reports; pass at most {limit}"
         )
-    return options.device, options.neuron_cores or available
+    if options.core_memory_gib is not None:
+        core_bytes = int(options.core_memory_gib * (1 << 30))
+    else:
+        core_bytes = core_memory or TRN2_CORE_BYTES
+    return options.device, options.neuron_cores or available, core_bytes
 
 
-def _settings(options: Options, device: str, pool: int) -> Settings:
+def _settings(options: Options, device: str, pool: int, core_bytes: int, lease_dir: Path) -> Settings:
     kind = DEVICES[device]
     return Settings(
         device=kind,
@@ -216,7 +315,14 @@ def _settings(options: Options, device: str, pool: int) -> Settings:
         compile_backend=options.compile_backend or kind.compile_backend,
         reference_dtype=options.reference_dtype,
         allow_remote_code=options.allow_remote_code,
+        judge_model=options.judge_model,
+        judge_revision=options.judge_revision,
+        parity=options.parity,
         stack=current_stack(),
+        core_bytes=core_bytes,
+        headroom=options.memory_headroom,
+        max_cores=options.max_cores,
+        lease_dir=lease_dir,
     )
 
 
@@ -244,10 +350,14 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[catalog_key] = merge_models(catalog.models, options.extra_models)
     if _is_worker(config):
         shared = config.workerinput[WORKERINPUT_KEY]  # type: ignore[attr-defined]
-        config.stash[settings_key] = _settings(options, shared["device"], shared["pool"])
+        config.stash[settings_key] = _settings(
+            options, shared["device"], shared["pool"], shared["core_bytes"], Path(shared["lease_dir"])
+        )
         return
-    device, pool = _resolve_device(options)
-    config.stash[settings_key] = _settings(options, device, pool)
+    device, pool, core_bytes = _resolve_device(options)
+    # The core ledger lives where every worker of this session can reach it, and nowhere else.
+    lease_dir = Path(tempfile.mkdtemp(prefix="neuron-support-cores-"))
+    config.stash[settings_key] = _settings(options, device, pool, core_bytes, lease_dir)
     try:
         check_writable(options.results_dir)
     except OSError as exc:
@@ -266,7 +376,12 @@ def pytest_configure_node(node: Any) -> None:
     """xdist controller: hand the resolved device to workers so they never probe it."""
     settings = node.config.stash.get(settings_key, None)
     if settings is not None:
-        node.workerinput[WORKERINPUT_KEY] = {"device": settings.device.name, "pool": settings.pool_cores}
+        node.workerinput[WORKERINPUT_KEY] = {
+            "device": settings.device.name,
+            "pool": settings.pool_cores,
+            "core_bytes": settings.core_bytes,
+            "lease_dir": str(settings.lease_dir),
+        }
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
@@ -278,13 +393,38 @@ def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Col
     return CatalogFile.from_parent(parent, path=file_path)
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Largest work first (cores x expected seconds), so the sweep's makespan stays short."""
+    settings = config.stash.get(settings_key, None)
+    if settings is None:
+        return
+    models = [item for item in items if isinstance(item, ModelItem)]
+    if not models:
+        return
+    history = expected_seconds_from_dataset(settings.results_dir, settings.device.name)
+
+    def cost(item: ModelItem) -> float:
+        plan = item.stash.get(plan_key, None)
+        if plan is None or plan.skip is not None:
+            return 0.0
+        return plan.cores * history.get(item.name, prior_seconds(plan))
+
+    ordered = sorted(models, key=cost, reverse=True)
+    others = [item for item in items if not isinstance(item, ModelItem)]
+    items[:] = ordered + others
+
+
 class CatalogFile(pytest.File):
     """A models.yaml: one :class:`ModelItem` per entry, then the ``--model`` additions."""
 
     def collect(self) -> Iterator[pytest.Item]:
+        settings = self.config.stash[settings_key]
         for model in self.config.stash[catalog_key]:
             item = ModelItem.from_parent(self, name=model.id)
             item.stash[model_key] = model
+            if gate(model, settings) is None:
+                item.stash[plan_key] = plan_model(model, settings)
             item.extra_keyword_matches.update(model.tags)
             yield item
 
@@ -299,8 +439,17 @@ class ModelItem(pytest.Item):
     def runtest(self) -> None:
         model = self.stash[model_key]
         settings = self.config.stash[settings_key]
-        post_load = self.config.hook.pytest_neuron_support_post_load(config=self.config, model=model) or ""
-        row = run_model(model, settings, cores=(0, 1), post_load=post_load)
+        row = gate(model, settings)
+        plan = self.stash.get(plan_key, None)
+        if row is None and plan is not None:
+            row = planned_row(model, settings, plan)
+            if row.result != "SKIPPED":
+                post_load = self.config.hook.pytest_neuron_support_post_load(config=self.config, model=model) or ""
+                assert settings.lease_dir is not None
+                pool = CorePool(settings.lease_dir, settings.pool_cores)
+                with pool.lease(plan.cores, holder=self.nodeid) as lease:
+                    row = run_model(model, settings, plan, cores=(lease.first, lease.count), post_load=post_load)
+        assert row is not None
         self.user_properties.append((ROW_PROPERTY, row.to_json()))
         if row.result in ("EXCLUDED", "SKIPPED"):
             pytest.skip(f"{row.result.lower()}: {row.error}")
@@ -313,6 +462,15 @@ class ModelItem(pytest.Item):
             runs = self.config.stash[settings_key].results_dir / "runs" / slug(model.id)
             return f"{excinfo.value}\n(run.py, result.json and log.txt: {runs})"
         return str(super().repr_failure(excinfo, style=style))
+
+    def __repr__(self) -> str:
+        # `--collect-only -q -v` prints this: the plan is visible before anything runs.
+        plan = self.stash.get(plan_key, None)
+        if plan is None:
+            return f"<ModelItem {self.name}>"
+        if plan.skip is not None:
+            return f"<ModelItem {self.name} skipped: {plan.skip}>"
+        return f"<ModelItem {self.name} cores={plan.cores} tp={plan.tp_size} ep={plan.ep_size}: {plan.reason}>"
 
     def reportinfo(self) -> tuple[Path, int, str]:
         model = self.stash[model_key]
@@ -349,6 +507,8 @@ class ResultsWriter:
 
     def pytest_sessionfinish(self) -> None:
         self.written = self.parts.commit(self.settings.results_dir)
+        if self.settings.lease_dir is not None:
+            shutil.rmtree(self.settings.lease_dir, ignore_errors=True)
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if not self.rows:

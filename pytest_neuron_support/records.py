@@ -127,6 +127,12 @@ class Row:
     tp_size: int | None = field(default=None, metadata=_doc("tensor-parallel size (1 = not sharded)"))
     ep_size: int | None = field(default=None, metadata=_doc("expert-parallel size (1 = not sharded)"))
     plan_reason: str | None = field(default=None, metadata=_doc("why the planner chose this core count"))
+    distributed_config: str | None = field(
+        default=None, metadata=_doc("JSON of the DistributedConfig arguments a sharded run loaded with")
+    )
+    first_core: int | None = field(default=None, metadata=_doc("first core of the leased contiguous range"))
+    lease_start: float | None = field(default=None, metadata=_doc("epoch seconds the run started on its lease"))
+    lease_end: float | None = field(default=None, metadata=_doc("epoch seconds the run finished on its lease"))
     dtype: str = field(default="bfloat16", metadata=_doc("weights dtype on the device"))
     reference_dtype: str | None = field(default=None, metadata=_doc("dtype of the CPU reference run"))
     compile_backend: str | None = field(default=None, metadata=_doc("torch.compile backend of generate()"))
@@ -149,6 +155,9 @@ class Row:
     tokens: tuple[int, ...] = field(default=(), metadata=_doc("generated token ids on the device"))
     text: str | None = field(default=None, metadata=_doc("generated text on the device"))
     reference_tokens: tuple[int, ...] = field(default=(), metadata=_doc("generated token ids on CPU"))
+    reference_match: bool | None = field(
+        default=None, metadata=_doc("all tokens equal the CPU reference (null when no reference ran)")
+    )
     matched_prefix: int | None = field(default=None, metadata=_doc("leading tokens equal to the reference"))
     first_divergence: int | None = field(default=None, metadata=_doc("index of the first differing token"))
     device_token: int | None = field(default=None, metadata=_doc("device token at the first divergence"))
@@ -156,6 +165,19 @@ class Row:
     logprob_gap: float | None = field(
         default=None,
         metadata=_doc("reference logprob of its token minus that of the device token, at the divergence (nats)"),
+    )
+    judge_model: str | None = field(default=None, metadata=_doc("model that judged a sharded run's fluency"))
+    judge_revision: str | None = field(default=None, metadata=_doc("the judge's resolved revision"))
+    judge_verdict: str | None = field(
+        default=None, metadata=_doc("fluent, not fluent, or 'precheck: <why>' when cheap checks failed first")
+    )
+    judge_score: float | None = field(default=None, metadata=_doc("judge's P(yes | yes or no) for 'is it fluent?'"))
+    near_tie: bool | None = field(
+        default=None,
+        metadata=_doc(
+            "the first divergence is a near-tie: each token in the other run's top-5 and their gap <= 0.5 nats "
+            "(numeric drift, not a broken model); null when the runs agree"
+        ),
     )
     neuronx_cc: str = field(default="none", metadata=_doc("neuronx-cc version, none off Trainium"))
     torch_neuronx: str = field(default="none", metadata=_doc("torch-neuronx version, none off Trainium"))

@@ -37,6 +37,9 @@ class RunSpec:
         trust_remote_code: passed to from_pretrained; True only when catalog and user opt in.
         post_load: Python run after loading with ``model`` bound (from the
             ``pytest_neuron_support_post_load`` hook); empty by default.
+        world_size: ranks to spawn (one per leased core); 1 runs in the script's own process.
+        distributed_configs: ``DistributedConfig`` keyword sets to try in order (the first
+            that loads is used and recorded); empty when not sharded.
     """
 
     model: str
@@ -51,15 +54,41 @@ class RunSpec:
     top_k: int = 5
     trust_remote_code: bool = False
     post_load: str = ""
+    world_size: int = 1
+    distributed_configs: tuple[dict[str, Any], ...] = ()
 
     def to_spec(self) -> dict[str, Any]:
         spec = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         spec["device"] = self.device.as_runscript_spec()
+        spec["distributed_configs"] = [dict(c) for c in self.distributed_configs]
         return spec
 
 
-def template() -> str:
-    return resources.files("pytest_neuron_support").joinpath("templates/run.py").read_text(encoding="utf-8")
+@dataclass(frozen=True)
+class JudgeSpec:
+    """What judge.py asks: is ``text`` fluent English, according to ``judge_model``?
+
+    Attributes:
+        judge_model: Hub id (or local path) of a small instruct causal LM.
+        judge_revision: its revision.
+        text: the generated text being judged.
+        threshold: P(yes | yes or no) at or above which the text is judged fluent.
+    """
+
+    judge_model: str
+    judge_revision: str
+    text: str
+    threshold: float = 0.5
+
+
+def template(name: str = "run.py") -> str:
+    return resources.files("pytest_neuron_support").joinpath(f"templates/{name}").read_text(encoding="utf-8")
+
+
+def _fill(source: str, spec: dict[str, Any]) -> str:
+    # Inserted last so no prompt or judged text can be mistaken for a placeholder.
+    literal = pprint.pformat(spec, sort_dicts=False, width=100)
+    return source.replace(_SPEC_MARKER, f"SPEC = {literal}")
 
 
 def render(spec: RunSpec) -> str:
@@ -70,6 +99,9 @@ def render(spec: RunSpec) -> str:
         .replace("@@DEVICE@@", spec.device.name)
         .replace("@@VERSION@@", __version__)
     )
-    # Inserted last so no prompt text can be mistaken for a placeholder.
-    literal = pprint.pformat(spec.to_spec(), sort_dicts=False, width=100)
-    return source.replace(_SPEC_MARKER, f"SPEC = {literal}")
+    return _fill(source, spec.to_spec())
+
+
+def render_judge(spec: JudgeSpec) -> str:
+    """The judge.py source for ``spec``."""
+    return _fill(template("judge.py").replace("@@VERSION@@", __version__), dataclasses.asdict(spec))

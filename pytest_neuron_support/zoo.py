@@ -110,9 +110,7 @@ _HEAD_DIM = 16
 _MAX_POS = 256
 
 
-def _arch(
-    name: str, source: str, tags: tuple[str, ...], config: dict[str, Any], notes: str = ""
-) -> TinyArch:
+def _arch(name: str, source: str, tags: tuple[str, ...], config: dict[str, Any], notes: str = "") -> TinyArch:
     return TinyArch(
         name=name,
         model_type=str(config["model_type"]),
@@ -462,6 +460,7 @@ ARCHS: tuple[TinyArch, ...] = (
     ),
 )
 
+
 def _arch_by_name(name: str) -> TinyArch:
     for arch in ARCHS:
         if arch.name == name:
@@ -497,21 +496,130 @@ _TOKENIZER_SPEC: dict[str, Any] = {
 _WORDS: dict[str, tuple[str, ...]] = {
     "det": ("the", "a", "this", "that", "every", "one", "some", "my", "your", "our", "their", "no"),
     "adj": (
-        "quick", "brown", "lazy", "small", "big", "old", "new", "red", "green", "blue", "happy", "quiet",
-        "bright", "dark", "cold", "warm", "tall", "short", "young", "clever", "strong", "gentle", "little",
-        "large", "good", "bad", "fast", "slow", "early", "late", "white", "black", "soft", "loud", "busy",
+        "quick",
+        "brown",
+        "lazy",
+        "small",
+        "big",
+        "old",
+        "new",
+        "red",
+        "green",
+        "blue",
+        "happy",
+        "quiet",
+        "bright",
+        "dark",
+        "cold",
+        "warm",
+        "tall",
+        "short",
+        "young",
+        "clever",
+        "strong",
+        "gentle",
+        "little",
+        "large",
+        "good",
+        "bad",
+        "fast",
+        "slow",
+        "early",
+        "late",
+        "white",
+        "black",
+        "soft",
+        "loud",
+        "busy",
     ),
     "noun": (
-        "fox", "dog", "cat", "bird", "tree", "river", "house", "city", "road", "child", "teacher", "doctor",
-        "friend", "book", "letter", "garden", "window", "door", "table", "chair", "computer", "model",
-        "machine", "river", "mountain", "ship", "train", "car", "student", "king", "queen", "farmer",
-        "market", "song", "story", "question", "answer", "number", "water", "bread", "apple", "morning",
-        "evening", "day", "night", "year", "world", "people", "team", "music", "paper", "village", "forest",
+        "fox",
+        "dog",
+        "cat",
+        "bird",
+        "tree",
+        "river",
+        "house",
+        "city",
+        "road",
+        "child",
+        "teacher",
+        "doctor",
+        "friend",
+        "book",
+        "letter",
+        "garden",
+        "window",
+        "door",
+        "table",
+        "chair",
+        "computer",
+        "model",
+        "machine",
+        "river",
+        "mountain",
+        "ship",
+        "train",
+        "car",
+        "student",
+        "king",
+        "queen",
+        "farmer",
+        "market",
+        "song",
+        "story",
+        "question",
+        "answer",
+        "number",
+        "water",
+        "bread",
+        "apple",
+        "morning",
+        "evening",
+        "day",
+        "night",
+        "year",
+        "world",
+        "people",
+        "team",
+        "music",
+        "paper",
+        "village",
+        "forest",
     ),
     "verb": (
-        "jumps", "runs", "walks", "sees", "finds", "takes", "makes", "reads", "writes", "sings", "likes",
-        "loves", "opens", "closes", "builds", "carries", "watches", "follows", "helps", "calls", "moves",
-        "eats", "drinks", "knows", "wants", "needs", "gives", "keeps", "brings", "tells", "asks", "plays",
+        "jumps",
+        "runs",
+        "walks",
+        "sees",
+        "finds",
+        "takes",
+        "makes",
+        "reads",
+        "writes",
+        "sings",
+        "likes",
+        "loves",
+        "opens",
+        "closes",
+        "builds",
+        "carries",
+        "watches",
+        "follows",
+        "helps",
+        "calls",
+        "moves",
+        "eats",
+        "drinks",
+        "knows",
+        "wants",
+        "needs",
+        "gives",
+        "keeps",
+        "brings",
+        "tells",
+        "asks",
+        "plays",
     ),
     "prep": ("over", "under", "near", "behind", "with", "into", "from", "to", "for", "across", "along", "at"),
     "adv": ("quickly", "slowly", "again", "today", "always", "never", "often", "soon", "here", "there"),
@@ -814,13 +922,13 @@ def _make_batch(
         prefix = sample(rng.randint(plo, phi), text)
         block = sample(rng.randint(lo, hi), text)
         seq = list(prefix)
-        while len(seq) < seq_len + 1:
+        while len(seq) < seq_len:
             seq.extend(block)
-        seq = seq[: seq_len + 1]
-        known = len(prefix) + len(block)  # targets from here on are copies
-        lab = [(-100 if i + 1 < known else t) for i, t in enumerate(seq[1:])]
-        inputs.append(seq[:-1])
-        labels.append(lab)
+        seq = seq[:seq_len]
+        known = len(prefix) + len(block)  # tokens from here on are copies of earlier ones
+        # transformers shifts labels itself: labels[i] is the target of the logits at position i - 1
+        inputs.append(seq)
+        labels.append([t if i >= known else -100 for i, t in enumerate(seq)])
     return inputs, labels
 
 
@@ -850,6 +958,7 @@ def _train(model: PreTrainedModel, seed: int, text_ids: Sequence[int], first_reg
         betas=(float(spec["betas"][0]), float(spec["betas"][1])),
         weight_decay=float(spec["weight_decay"]),
     )
+
     def lr_at(step: int) -> float:
         if step < warmup:
             return (step + 1) / warmup

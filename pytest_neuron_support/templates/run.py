@@ -28,6 +28,7 @@ import traceback
 SPEC = {}  # @@SPEC@@
 
 STAGE = {"name": "start"}
+WORLD = {"size": 1, "rank": 0}
 
 
 class NothingCompiledError(RuntimeError):
@@ -73,19 +74,35 @@ def peak_device_memory(torch):
     return int(getattr(torch, module).max_memory_allocated())
 
 
-def load(torch):
+def load(torch, facts):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     common = {"revision": SPEC["revision"], "trust_remote_code": SPEC["trust_remote_code"]}
     tokenizer = AutoTokenizer.from_pretrained(SPEC["model"], **common)
-    model = AutoModelForCausalLM.from_pretrained(
-        SPEC["model"],
-        dtype=getattr(torch, SPEC["dtype"]),
-        device_map=SPEC["device"]["device_map"],
-        **common,
-    )
-    model.eval()
-    return tokenizer, model
+    kwargs = {"dtype": getattr(torch, SPEC["dtype"]), "device_map": SPEC["device"]["device_map"], **common}
+    candidates = SPEC["distributed_configs"] or [None]
+    attempts = []
+    for candidate in candidates:
+        if candidate is not None:
+            from transformers.distributed import DistributedConfig
+
+            # transformers refuses device_map next to tensor parallelism: the device mesh
+            # places each rank on its own device (neuron:LOCAL_RANK, cuda:LOCAL_RANK, cpu).
+            kwargs.pop("device_map", None)
+            kwargs["distributed_config"] = DistributedConfig(**candidate)
+        try:
+            model = AutoModelForCausalLM.from_pretrained(SPEC["model"], **kwargs)
+        except Exception as exc:
+            if candidate is None or candidate is candidates[-1]:
+                raise
+            # Which sharding configs work differs between transformers versions: try the
+            # next one, and keep what failed as evidence.
+            attempts.append({"config": candidate, "error": f"{type(exc).__name__}: {exc}"[:1000]})
+            continue
+        facts["distributed_config"] = candidate
+        facts["distributed_attempts"] = attempts
+        model.eval()
+        return tokenizer, model
 
 
 def generate_kwargs(tokenizer):
@@ -131,9 +148,14 @@ def run():
     from torch._dynamo.utils import counters
 
     torch.manual_seed(0)
+    facts = {}
+    if WORLD["size"] > 1:
+        import torch.distributed as dist
+
+        dist.init_process_group(backend=SPEC["device"]["dist_backend"])  # before any device use
     enter("load")
     start = time.perf_counter()
-    tokenizer, model = load(torch)
+    tokenizer, model = load(torch, facts)
     synchronize(torch)
     load_s = time.perf_counter() - start
     if SPEC.get("post_load"):
@@ -177,17 +199,14 @@ def run():
         "first_generate_s": first_s,
         "generate_s": second_s,
         "peak_device_memory_bytes": peak_device_memory(torch),
+        **facts,
     }
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="result.json", help="where to write the JSON result")
-    args = parser.parse_args(argv)
-    for key, value in SPEC["device"]["env"].items():
-        os.environ.setdefault(key, value)  # before torch is imported
+def run_and_write(out, rank=0):
+    """Run the check in this process and write its JSON result to ``out``."""
     started = time.perf_counter()
-    result = {"ok": False, "model": SPEC["model"], "device": SPEC["device"]["name"]}
+    result = {"ok": False, "model": SPEC["model"], "device": SPEC["device"]["name"], "rank": rank}
     try:
         result.update(run())
         result["ok"] = True
@@ -203,10 +222,109 @@ def main(argv=None):
     result["wall_s"] = time.perf_counter() - started
     result["peak_host_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     result["versions"] = versions()
-    tmp = f"{args.out}.tmp{os.getpid()}"
+    write_json(out, result)
+    return result
+
+
+def write_json(path, data):
+    tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "w", encoding="utf-8") as handle:
-        json.dump(result, handle)
-    os.replace(tmp, args.out)  # atomic: the harness never reads half a result
+        json.dump(data, handle)
+    os.replace(tmp, path)  # atomic: the harness never reads half a result
+
+
+def rank_core(pinned, rank):
+    """The core of ``rank`` within this process's leased cores ("4-7" or "4,5,6,7")."""
+    cores = []
+    for part in pinned.split(","):
+        low, _, high = part.partition("-")
+        cores.extend(range(int(low), int(high or low) + 1))
+    return str(cores[rank])
+
+
+def rank_entry(rank, world, port, out):
+    """One torch.distributed rank (spawned, never forked: a forked child cannot re-initialise
+    the Neuron runtime)."""
+    os.environ.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_WORLD_SIZE=str(world),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
+    pin = SPEC["device"]["core_env_var"]
+    if pin and os.environ.get(pin):
+        os.environ[pin] = rank_core(os.environ[pin], rank)
+    WORLD.update(size=world, rank=rank)
+    result = run_and_write(f"{out}.rank{rank}", rank)
+    if not result["ok"]:
+        sys.exit(1)  # makes torch.multiprocessing stop the other ranks instead of leaving them blocked
+
+
+def free_port():
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def launch_ranks(out):
+    """Start one rank per leased core, wait for all, and merge their results into ``out``."""
+    import torch.multiprocessing as mp
+
+    world = SPEC["world_size"]
+    for rank in range(world):
+        if os.path.exists(f"{out}.rank{rank}"):
+            os.remove(f"{out}.rank{rank}")
+    started = time.perf_counter()
+    enter("load")
+    failure = None
+    try:
+        mp.spawn(rank_entry, args=(world, free_port(), out), nprocs=world, join=True, start_method="spawn")
+    except Exception as exc:  # a rank failed or died; its own result says why
+        failure = f"{type(exc).__name__}: {exc}"[:4000]
+    results = []
+    for rank in range(world):
+        try:
+            with open(f"{out}.rank{rank}", encoding="utf-8") as handle:
+                results.append(json.load(handle))
+        except (OSError, ValueError):
+            results.append(None)
+    failed = [r for r in results if r is not None and not r["ok"]]
+    if failed:
+        merged = dict(failed[0])
+        merged["error"] = f"rank {merged['rank']}: {merged['error']}"
+    elif results[0] is not None and all(r is not None for r in results) and failure is None:
+        merged = dict(results[0])
+        memory = [r["peak_device_memory_bytes"] for r in results if r["peak_device_memory_bytes"] is not None]
+        merged["peak_device_memory_bytes"] = max(memory) if memory else None
+        merged["peak_host_rss_bytes"] = max(r["peak_host_rss_bytes"] for r in results)
+    else:
+        missing = [rank for rank, r in enumerate(results) if r is None]
+        merged = {
+            "ok": False,
+            "model": SPEC["model"],
+            "device": SPEC["device"]["name"],
+            "stage": STAGE["name"],
+            "error_type": "RankDied",
+            "error": f"rank(s) {missing} died without a result: {failure}",
+            "versions": versions(),
+        }
+    merged["world_size"] = world
+    merged["wall_s"] = time.perf_counter() - started
+    write_json(out, merged)
+    return merged
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="result.json", help="where to write the JSON result")
+    args = parser.parse_args(argv)
+    for key, value in SPEC["device"]["env"].items():
+        os.environ.setdefault(key, value)  # before torch is imported
+    result = launch_ranks(args.out) if SPEC["world_size"] > 1 else run_and_write(args.out)
     verdict = "ok" if result["ok"] else f"failed at {result['stage']}: {result['error_type']}: {result['error']}"
     print(f"[neuron-support] {SPEC['model']} on {SPEC['device']['name']}: {verdict}", file=sys.stderr)
     return 0 if result["ok"] else 1

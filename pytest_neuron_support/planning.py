@@ -1,0 +1,507 @@
+"""The NeuronCore planner: how many cores a model needs, and how it is sharded over them.
+
+Each model runs on the fewest NeuronCores whose memory holds its weights. The planner needs two
+facts about a model, both obtained without downloading a single weight:
+
+* its **shape** (:class:`ModelShape`): attention heads, KV heads, experts and whether transformers
+  knows how to tensor-parallelise it, read from ``config.json`` through transformers' own config
+  classes so that legacy spellings (gpt2's ``n_head``) and nested VLM text configs are normalised;
+* its **parameter count**, read from safetensors headers (local files or the Hugging Face cache)
+  or, failing that, from the Hub's safetensors metadata API.
+
+:func:`plan_cores` then applies the memory and divisibility rules and returns a :class:`Plan`,
+which either says how many cores to lease and with which tensor/expert-parallel sizes, or says
+why the model cannot run within the limits and what it would take.
+
+torch, transformers and huggingface_hub are imported inside the functions that use them: this
+module is imported by the pytest plugin at collection time, and ``pytest --help`` must stay fast.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from .catalog import ModelSpec
+
+GIB = 1 << 30
+
+# Core counts a model may be sharded over. Powers of two because tensor parallelism splits heads
+# evenly and the Neuron runtime allocates contiguous core ranges of these sizes.
+CORE_CHOICES: tuple[int, ...] = (1, 2, 4, 8, 16)
+DEFAULT_MAX_CORES = 16
+
+# HBM of one trn2 logical NeuronCore at the default LNC=2 (two physical cores fused, 2 x 12 GiB).
+TRN2_CORE_BYTES = 24 * GIB
+
+# Weights are not the only tenant of a core's HBM. generate() allocates a static KV cache, the
+# compiled graphs need activations and the Neuron runtime's scratchpad, the NEFF instructions
+# themselves live in device memory, and sharded runs add collective-communication buffers. None of
+# these is known before compiling, so a quarter of each core is kept free: a margin chosen to be
+# safe for short-prompt, 32-token checks rather than measured; pass ``headroom`` to change it.
+DEFAULT_HEADROOM = 0.25
+
+# Bytes per parameter on the device. Weights are cast to the catalog dtype at load time, so the
+# stored dtype (F32, FP8, ...) does not matter, only the one the model will run in.
+DTYPE_BYTES: Mapping[str, int] = MappingProxyType({"bfloat16": 2, "float16": 2, "float32": 4})
+
+# Config attributes that hold the number of routed experts, across transformers' MoE families
+# (qwen*_moe/olmoe: num_experts; mixtral/jetmoe/gpt_oss: num_local_experts; deepseek*: n_routed_experts).
+_EXPERT_KEYS: tuple[str, ...] = ("num_experts", "num_local_experts", "n_routed_experts")
+# Raw config.json spellings, for model types transformers does not know (remote-code models).
+_HEAD_KEYS: tuple[str, ...] = ("num_attention_heads", "n_head", "n_heads", "num_heads")
+_KV_HEAD_KEYS: tuple[str, ...] = ("num_key_value_heads", "n_kv_heads", "num_kv_heads", "n_head_kv")
+
+# The safetensors library refuses headers above 100 MB; a larger length prefix means the file is
+# corrupt or not safetensors at all, and reading it would allocate that much memory for nothing.
+_MAX_HEADER_BYTES = 100_000_000
+
+
+class PlanningError(Exception):
+    """The model cannot be inspected (no config, no weights metadata); the message says what was tried."""
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the planner needs to know about a model, read from its config and weights metadata.
+
+    Attributes:
+        model_type: ``config.json``'s ``model_type`` (the top-level one for VLMs, e.g. ``gemma3``).
+        num_attention_heads: query heads of the language model (the text config for VLMs); 0 if unknown.
+        num_key_value_heads: KV heads; equal to ``num_attention_heads`` for models without GQA/MQA.
+        num_experts: routed experts per MoE layer; 0 for dense models.
+        has_tp_plan: transformers' config class (the text config for VLMs) has a non-empty
+            ``base_model_tp_plan``, i.e. transformers can shard it with tensor parallelism.
+        parameters: total parameter count, all dtypes, as stored in the safetensors files.
+        weights_source: where ``parameters`` came from: ``local files``, ``hub cache``, ``hub api``,
+            or ``given`` when the caller supplied it.
+    """
+
+    model_type: str
+    num_attention_heads: int
+    num_key_value_heads: int
+    num_experts: int
+    has_tp_plan: bool
+    parameters: int
+    weights_source: str
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any], parameters: int, weights_source: str = "given") -> ModelShape:
+        """Build a shape from a ``config.json`` mapping and a parameter count.
+
+        The transformers config class is instantiated from the mapping so its attribute map
+        normalises legacy names (gpt2's ``n_head``) and its defaults fill absent keys (a missing
+        ``num_key_value_heads`` means no GQA). For VLMs the heads and the TP plan live in the text
+        config. A ``model_type`` transformers does not know, or a config it cannot build, falls back
+        to the raw fields with ``has_tp_plan=False``: without transformers' plan there is nothing
+        that would shard the model.
+        """
+        model_type = config.get("model_type")
+        if not isinstance(model_type, str) or not model_type:
+            raise PlanningError("config.json has no 'model_type', so the architecture cannot be identified")
+        if isinstance(parameters, bool) or not isinstance(parameters, int) or parameters < 0:
+            raise PlanningError(f"parameter count must be a non-negative integer (got {parameters!r})")
+        text = _transformers_text_config(model_type, config)
+        if text is None:
+            raw = config.get("text_config")
+            fields: Mapping[str, Any] = raw if isinstance(raw, Mapping) else config
+            heads = _first_positive(fields.get(key) for key in _HEAD_KEYS)
+            kv_heads = _first_positive(fields.get(key) for key in _KV_HEAD_KEYS) or heads
+            experts = _first_positive(fields.get(key) for key in _EXPERT_KEYS)
+            has_tp_plan = False
+        else:
+            heads = _first_positive([getattr(text, "num_attention_heads", None)])
+            kv_heads = _first_positive([getattr(text, "num_key_value_heads", None)]) or heads
+            experts = _first_positive(getattr(text, key, None) for key in _EXPERT_KEYS)
+            has_tp_plan = bool(getattr(text, "base_model_tp_plan", None))
+        return cls(
+            model_type=model_type,
+            num_attention_heads=heads,
+            num_key_value_heads=kv_heads,
+            num_experts=experts,
+            has_tp_plan=has_tp_plan,
+            parameters=parameters,
+            weights_source=weights_source,
+        )
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Where one model runs: how many cores, and how it is sharded over them.
+
+    Attributes:
+        cores: NeuronCores to lease; 0 when the model is skipped.
+        tp_size: tensor-parallel size (1 = none).
+        ep_size: expert-parallel size (1 = none).
+        reason: one sentence saying why this many cores, with the numbers, e.g. "16.4 GiB of
+            bfloat16 weights need 2 cores of 18.0 usable GiB; tp=2 divides 32 heads and 8 kv heads".
+            Starts with "catalog override" when the catalog's ``cores:`` decided. For a skipped
+            model it repeats ``skip``.
+        skip: None when the model can run; otherwise why it cannot within the limits and what it
+            would need, e.g. "needs 32 cores (...), more than --max-cores=16".
+        weight_bytes: parameters x bytes of the run dtype: the memory the weights take on the device.
+    """
+
+    cores: int
+    tp_size: int
+    ep_size: int
+    reason: str
+    skip: str | None
+    weight_bytes: int
+
+
+def plan_cores(
+    shape: ModelShape,
+    *,
+    dtype: str,
+    core_bytes: int,
+    headroom: float = DEFAULT_HEADROOM,
+    max_cores: int = DEFAULT_MAX_CORES,
+    override: int | None = None,
+) -> Plan:
+    """Choose the fewest cores that hold the weights and that the model's shape can be sharded over.
+
+    A core holds ``core_bytes * (1 - headroom)`` bytes of weights. Sharding over n > 1 cores uses
+    tensor parallelism when transformers has a TP plan for the model (n must divide both the
+    attention heads and the KV heads, MoE models included), else expert parallelism for an MoE
+    (n must divide the experts); a dense model without a TP plan runs on one core only.
+    ``override`` (the catalog's ``cores:``) replaces the choice but must satisfy the same rules.
+    """
+    if dtype not in DTYPE_BYTES:
+        raise ValueError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPE_BYTES)}")
+    if core_bytes <= 0:
+        raise ValueError(f"core_bytes must be positive (got {core_bytes})")
+    if not 0 <= headroom < 1:
+        raise ValueError(f"headroom must be in [0, 1) (got {headroom})")
+    if max_cores < 1:
+        raise ValueError(f"max_cores must be at least 1 (got {max_cores})")
+
+    weight_bytes = shape.parameters * DTYPE_BYTES[dtype]
+    usable = core_bytes * (1 - headroom)
+    need = _memory_cores(weight_bytes, usable)
+    size = f"{_gib(weight_bytes)} GiB of {dtype} weights"
+    per_core = f"{_gib(usable)} usable GiB"
+
+    def skipped(why: str) -> Plan:
+        return Plan(cores=0, tp_size=1, ep_size=1, reason=why, skip=why, weight_bytes=weight_bytes)
+
+    if override is not None:
+        if override not in CORE_CHOICES:
+            choices = ", ".join(map(str, CORE_CHOICES))
+            return skipped(f"catalog override cores={override} is not an allowed core count (one of {choices})")
+        if override > max_cores:
+            return skipped(f"catalog override cores={override} is more than --max-cores={max_cores}")
+        if weight_bytes / override > usable:
+            return skipped(
+                f"catalog override cores={override} does not fit memory: {size} need {need} cores "
+                f"at {per_core} per core"
+            )
+        layout = _layout(shape, override)
+        if isinstance(layout, str):
+            return skipped(f"catalog override cores={override} cannot shard {shape.model_type}: {layout}")
+        tp, ep, how = layout
+        return Plan(
+            cores=override,
+            tp_size=tp,
+            ep_size=ep,
+            reason=f"catalog override: {override} cores; {size} fit at {per_core} per core ({need} needed); {how}",
+            skip=None,
+            weight_bytes=weight_bytes,
+        )
+
+    # Checked before the core limit: raising --max-cores cannot help a model nothing can shard.
+    if need > 1 and not shape.has_tp_plan and shape.num_experts == 0:
+        return skipped(
+            f"{shape.model_type} has no TP plan in transformers and no experts, so it cannot be sharded and "
+            f"must fit 1 core, but its {size} exceed the {per_core} of one core (it would need {need})"
+        )
+    if need > max_cores:
+        return skipped(f"needs {need} cores ({size} at {per_core} per core), more than --max-cores={max_cores}")
+
+    # With power-of-two choices a count that breaks divisibility breaks it for every larger count
+    # too, but the search does not rely on that: it takes the smallest count passing both rules.
+    candidates = [n for n in CORE_CHOICES if need <= n <= max_cores]
+    failures: list[str] = []
+    for cores in candidates:
+        layout = _layout(shape, cores)
+        if isinstance(layout, str):
+            failures.append(layout)
+            continue
+        tp, ep, how = layout
+        if cores == 1:
+            memory = f"{size} fit 1 core of {per_core}"
+        elif cores == need:
+            memory = f"{size} need {cores} cores of {per_core}"
+        else:
+            memory = f"{size} need {need} cores of {per_core} but the shape needs {cores}"
+        return Plan(
+            cores=cores, tp_size=tp, ep_size=ep, reason=f"{memory}; {how}", skip=None, weight_bytes=weight_bytes
+        )
+
+    tried = ", ".join(map(str, candidates)) or "none"
+    first = failures[0] if failures else "no allowed core count"
+    return skipped(
+        f"{size} need {need} cores at {per_core} per core, but {first}; no core count that fits memory "
+        f"works (tried {tried} with --max-cores={max_cores})"
+    )
+
+
+def inspect_model(model: ModelSpec) -> ModelShape:
+    """Read a model's config and parameter count without downloading any weights.
+
+    Local checkpoints (``source == "local"``) are read from their directory. Hub models get
+    ``config.json`` through ``hf_hub_download`` (served from the cache when offline) and their
+    parameter count from, in order: the safetensors headers of shards already in the Hugging Face
+    cache, then the Hub's safetensors metadata API. Raises :class:`PlanningError` naming the model
+    and everything tried when any of it is unavailable.
+    """
+    if model.source == "local":
+        directory = Path(model.id)
+        config = _read_config_file(directory / "config.json", model)
+        parameters = _local_parameters(directory, model)
+        return _shape(model, config, parameters, "local files")
+
+    config = _read_config_file(_hub_config_path(model), model)
+    tried: list[str] = []
+    cached = _cached_parameters(model, tried)
+    if cached is not None:
+        return _shape(model, config, cached, "hub cache")
+    return _shape(model, config, _api_parameters(model, tried), "hub api")
+
+
+def read_safetensors_header(path: Path) -> dict[str, Any]:
+    """The JSON header of a safetensors file, reading only the header bytes, never the tensors.
+
+    The format is an 8-byte little-endian length N followed by N bytes of JSON mapping tensor
+    names to ``{"dtype", "shape", "data_offsets"}`` plus an optional ``__metadata__`` entry.
+    """
+    try:
+        with path.open("rb") as handle:
+            prefix = handle.read(8)
+            if len(prefix) != 8:
+                raise PlanningError(f"{path}: too short to be a safetensors file ({len(prefix)} bytes)")
+            (length,) = struct.unpack("<Q", prefix)
+            if length > _MAX_HEADER_BYTES:
+                raise PlanningError(f"{path}: safetensors header length {length} is implausible (corrupt file?)")
+            raw = handle.read(length)
+    except OSError as exc:
+        raise PlanningError(f"{path}: cannot read safetensors header: {exc}") from exc
+    if len(raw) != length:
+        raise PlanningError(f"{path}: truncated safetensors header ({len(raw)} of {length} bytes)")
+    try:
+        header = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise PlanningError(f"{path}: safetensors header is not valid JSON: {exc}") from exc
+    if not isinstance(header, dict):
+        raise PlanningError(f"{path}: safetensors header is not a JSON object")
+    return header
+
+
+def count_safetensors_parameters(paths: Sequence[Path]) -> int:
+    """Total elements of every tensor in the given safetensors files (all dtypes), from headers only."""
+    total = 0
+    for path in paths:
+        for name, info in read_safetensors_header(path).items():
+            if name == "__metadata__":
+                continue
+            shape = info.get("shape") if isinstance(info, dict) else None
+            if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
+                raise PlanningError(f"{path}: tensor {name!r} has no valid shape in the safetensors header")
+            total += math.prod(shape)
+    return total
+
+
+def _transformers_text_config(model_type: str, config: Mapping[str, Any]) -> Any | None:
+    """transformers' (text) config object for ``config``, or None if transformers cannot build one."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    if model_type not in CONFIG_MAPPING:
+        return None
+    kwargs = {key: value for key, value in config.items() if key != "model_type"}
+    try:
+        built = CONFIG_MAPPING[model_type](**kwargs)
+    # Config classes validate their own fields with whatever exception they like (ValueError,
+    # TypeError, KeyError, ...); any of them means transformers cannot use this config as is.
+    except Exception:
+        return None
+    try:
+        return built.get_text_config()
+    except ValueError:
+        # More than one text config (some encoder-decoder composites): the top level is all we have.
+        return built
+
+
+def _first_positive(values: Any) -> int:
+    """The first positive integer among ``values`` (bools excluded), else 0."""
+    for value in values:
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return 0
+
+
+def _memory_cores(weight_bytes: int, usable: float) -> int:
+    """Smallest power of two n with ``weight_bytes / n <= usable``, even beyond the core limit."""
+    cores = 1
+    while weight_bytes / cores > usable:
+        cores *= 2
+    return cores
+
+
+def _layout(shape: ModelShape, cores: int) -> tuple[int, int, str] | str:
+    """``(tp_size, ep_size, explanation)`` for sharding over ``cores``, or the rule that forbids it."""
+    if cores == 1:
+        return 1, 1, "no sharding needed"
+    if shape.has_tp_plan:
+        heads, kv = shape.num_attention_heads, shape.num_key_value_heads
+        if heads > 0 and kv > 0 and heads % cores == 0 and kv % cores == 0:
+            return cores, 1, f"tp={cores} divides {heads} heads and {kv} kv heads"
+        return (
+            f"tensor parallelism needs tp={cores} to divide both the {heads} attention heads "
+            f"and the {kv} kv heads of {shape.model_type}"
+        )
+    if shape.num_experts > 0:
+        experts = shape.num_experts
+        if experts % cores == 0:
+            return 1, cores, f"ep={cores} divides {experts} experts ({shape.model_type} has no TP plan)"
+        return (
+            f"expert parallelism ({shape.model_type} has no TP plan) needs ep={cores} to divide the {experts} experts"
+        )
+    return (
+        f"{shape.model_type} has no TP plan in transformers and no experts, so it cannot be sharded over {cores} cores"
+    )
+
+
+def _gib(nbytes: float) -> str:
+    return f"{nbytes / GIB:.1f}"
+
+
+def _label(model: ModelSpec) -> str:
+    return model.id if model.source == "local" else f"{model.id} (revision {model.revision})"
+
+
+def _brief(exc: BaseException) -> str:
+    """First line of an exception: hub errors carry multi-line help that would swamp a skip message."""
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+
+
+def _shape(model: ModelSpec, config: Mapping[str, Any], parameters: int, source: str) -> ModelShape:
+    try:
+        return ModelShape.from_config(config, parameters, source)
+    except PlanningError as exc:
+        raise PlanningError(f"cannot inspect {_label(model)}: {exc}") from exc
+
+
+def _read_config_file(path: Path, model: ModelSpec) -> dict[str, Any]:
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise PlanningError(f"cannot inspect {_label(model)}: no config.json at {path}") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise PlanningError(f"cannot inspect {_label(model)}: cannot read {path}: {exc}") from exc
+    if not isinstance(config, dict):
+        raise PlanningError(f"cannot inspect {_label(model)}: {path} is not a JSON object")
+    return config
+
+
+def _local_parameters(directory: Path, model: ModelSpec) -> int:
+    index = directory / "model.safetensors.index.json"
+    if index.is_file():
+        # The index names the shards that make up the model; other *.safetensors files in the
+        # directory (leftovers of an earlier save) would be counted twice.
+        shards = _index_shards(index, model)
+        missing = [name for name in shards if not (directory / name).is_file()]
+        if missing:
+            raise PlanningError(
+                f"cannot inspect {_label(model)}: {index.name} names shards missing from {directory}: "
+                f"{', '.join(missing)}"
+            )
+        paths = [directory / name for name in shards]
+    else:
+        paths = sorted(directory.glob("*.safetensors"))
+    if not paths:
+        raise PlanningError(
+            f"cannot inspect {_label(model)}: no *.safetensors files in {directory} to count parameters "
+            "(other weight formats are not inspected)"
+        )
+    try:
+        return count_safetensors_parameters(paths)
+    except PlanningError as exc:
+        raise PlanningError(f"cannot inspect {_label(model)}: {exc}") from exc
+
+
+def _index_shards(index: Path, model: ModelSpec) -> list[str]:
+    try:
+        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        shards = sorted({str(name) for name in weight_map.values()})
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
+        raise PlanningError(f"cannot inspect {_label(model)}: unreadable {index}: {exc!r}") from exc
+    return shards
+
+
+def _hub_config_path(model: ModelSpec) -> Path:
+    from huggingface_hub import hf_hub_download
+
+    try:
+        path = hf_hub_download(model.id, "config.json", revision=model.revision)
+    # The hub raises a zoo of types here (offline and not cached, repository or revision not
+    # found, gated, HTTP, OS errors); each means the same thing to the planner.
+    except Exception as exc:
+        raise PlanningError(
+            f"cannot inspect {_label(model)}: config.json is neither in the Hugging Face cache nor "
+            f"downloadable: {_brief(exc)}"
+        ) from exc
+    if not isinstance(path, str):
+        raise PlanningError(f"cannot inspect {_label(model)}: hf_hub_download returned no file for config.json")
+    return Path(path)
+
+
+def _cached_parameters(model: ModelSpec, tried: list[str]) -> int | None:
+    """Parameters from safetensors files already in the Hugging Face cache, or None (noted in ``tried``)."""
+    from huggingface_hub import try_to_load_from_cache
+
+    def cached(filename: str) -> Path | None:
+        # Returns a path only when the file is cached; None or a "known missing" sentinel otherwise.
+        found = try_to_load_from_cache(model.id, filename, revision=model.revision)
+        return Path(found) if isinstance(found, str) else None
+
+    try:
+        index = cached("model.safetensors.index.json")
+        if index is not None:
+            shards = _index_shards(index, model)
+            paths: list[Path] = []
+            for shard in shards:
+                path = cached(shard)
+                if path is None:
+                    tried.append(f"hub cache: shard {shard} named in model.safetensors.index.json is not cached")
+                    return None
+                paths.append(path)
+            return count_safetensors_parameters(paths)
+        single = cached("model.safetensors")
+        if single is not None:
+            return count_safetensors_parameters([single])
+    # A corrupt cache entry or an unusable cache directory must not stop planning while the Hub
+    # API can still answer; what went wrong is kept for the final error message.
+    except Exception as exc:
+        tried.append(f"hub cache: {_brief(exc)}")
+        return None
+    tried.append("hub cache: neither model.safetensors.index.json nor model.safetensors is cached")
+    return None
+
+
+def _api_parameters(model: ModelSpec, tried: list[str]) -> int:
+    from huggingface_hub import get_safetensors_metadata
+
+    try:
+        metadata = get_safetensors_metadata(model.id, revision=model.revision)
+        return int(sum(metadata.parameter_count.values()))
+    # Offline mode, not a safetensors repo, gated, not found, network: all leave no count.
+    except Exception as exc:
+        tried.append(f"hub api get_safetensors_metadata: {_brief(exc)}")
+    raise PlanningError(f"cannot inspect {_label(model)}: no parameter count; tried {'; '.join(tried)}")

@@ -1,0 +1,524 @@
+"""The NeuronCore planner: real Hub configs planned by hand, and model inspection from real files.
+
+All plans use a trn2 logical core (LNC=2): 24 GiB of HBM, 25% headroom, so
+usable = 24 GiB x 0.75 = 18.0 GiB = 19,327,352,832 bytes per core, at most 16 cores, bfloat16
+(2 bytes per parameter). "need" below is the smallest power of two n with weights / n <= 18 GiB.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_neuron_support.catalog import ModelSpec
+from pytest_neuron_support.planning import (
+    CORE_CHOICES,
+    DEFAULT_HEADROOM,
+    DTYPE_BYTES,
+    GIB,
+    TRN2_CORE_BYTES,
+    ModelShape,
+    Plan,
+    PlanningError,
+    count_safetensors_parameters,
+    inspect_model,
+    plan_cores,
+    read_safetensors_header,
+)
+
+CONFIGS = Path(__file__).resolve().parent / "fixtures" / "configs"
+REPO = Path(__file__).resolve().parent.parent
+
+
+def fixture(name: str) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((CONFIGS / f"{name}.json").read_text(encoding="utf-8"))
+    return data
+
+
+def real_shape(name: str) -> ModelShape:
+    """The shape of a real Hub model: its config.json and its Hub safetensors parameter count."""
+    data = fixture(name)
+    return ModelShape.from_config(data["config"], sum(data["parameters"].values()), "hub api")
+
+
+def plan(shape: ModelShape, **kwargs: Any) -> Plan:
+    options: dict[str, Any] = {"dtype": "bfloat16", "core_bytes": TRN2_CORE_BYTES}
+    options.update(kwargs)
+    return plan_cores(shape, **options)
+
+
+def test_constants() -> None:
+    assert CORE_CHOICES == (1, 2, 4, 8, 16)
+    assert DEFAULT_HEADROOM == 0.25
+    assert dict(DTYPE_BYTES) == {"bfloat16": 2, "float16": 2, "float32": 4}
+    assert TRN2_CORE_BYTES == 24 * GIB
+
+
+# (fixture, cores, tp, ep, skipped, numbers the reason or skip must contain)
+PLAN_TABLE = [
+    # gpt2: F32 137,022,720 params x 2 B = 274,045,440 B = 0.26 GiB <= 18.0 -> 1 core. It has no TP plan,
+    # which does not matter on one core.
+    ("openai-community_gpt2", 1, 1, 1, False, ["0.3 GiB", "bfloat16", "1 core", "18.0 usable GiB"]),
+    # Qwen3-0.6B: 751,632,384 x 2 = 1,503,264,768 B = 1.40 GiB -> 1 core.
+    ("Qwen_Qwen3-0.6B", 1, 1, 1, False, ["1.4 GiB", "1 core", "18.0 usable GiB"]),
+    # Qwen3-8B: 8,190,735,360 x 2 = 16,381,470,720 B = 15.26 GiB <= 18.0 -> 1 core.
+    ("Qwen_Qwen3-8B", 1, 1, 1, False, ["15.3 GiB", "1 core"]),
+    # Qwen3-32B: 32,762,123,264 x 2 = 65,524,246,528 B = 61.02 GiB; /2 = 30.5 > 18, /4 = 15.3 <= 18 -> 4;
+    # 64 heads % 4 = 0 and 8 kv heads % 4 = 0 -> tp=4.
+    ("Qwen_Qwen3-32B", 4, 4, 1, False, ["61.0 GiB", "4 cores", "tp=4", "64 heads", "8 kv heads"]),
+    # Llama-3.1-8B: 8,030,261,248 x 2 = 16,060,522,496 B = 14.96 GiB -> 1 core.
+    ("meta-llama_Llama-3.1-8B-Instruct", 1, 1, 1, False, ["15.0 GiB", "1 core"]),
+    # Llama-3.3-70B: 70,553,706,496 x 2 = 141,107,412,992 B = 131.42 GiB; /4 = 32.9 > 18, /8 = 16.4 -> 8;
+    # 64 % 8 = 0, 8 % 8 = 0 -> tp=8.
+    ("meta-llama_Llama-3.3-70B-Instruct", 8, 8, 1, False, ["131.4 GiB", "8 cores", "tp=8", "64 heads", "8 kv heads"]),
+    # Mixtral-8x7B (MoE, 8 experts, but mixtral HAS a TP plan, so tensor parallelism, not expert
+    # parallelism): 46,702,792,704 x 2 = 93,405,585,408 B = 86.99 GiB; /4 = 21.7 > 18, /8 = 10.9 -> 8;
+    # 32 % 8 = 0, 8 % 8 = 0 -> tp=8, ep=1.
+    ("mistralai_Mixtral-8x7B-Instruct-v0.1", 8, 8, 1, False, ["87.0 GiB", "8 cores", "tp=8", "32 heads"]),
+    # Qwen3-30B-A3B (MoE, 128 experts, qwen3_moe has a TP plan): 30,532,122,624 x 2 = 61,064,245,248 B
+    # = 56.87 GiB; /2 = 28.4 > 18, /4 = 14.2 -> 4; 32 % 4 = 0, 4 kv % 4 = 0 -> tp=4.
+    ("Qwen_Qwen3-30B-A3B", 4, 4, 1, False, ["56.9 GiB", "4 cores", "tp=4", "32 heads", "4 kv heads"]),
+    # gemma-3-1b-it: 999,885,952 x 2 = 1,999,771,904 B = 1.86 GiB -> 1 core.
+    ("google_gemma-3-1b-it", 1, 1, 1, False, ["1.9 GiB", "1 core"]),
+    # phi-4: 14,659,507,200 x 2 = 29,319,014,400 B = 27.31 GiB; /2 = 13.65 -> 2; 40 % 2 = 0, 10 kv % 2 = 0
+    # -> tp=2 (4 would not divide the 10 kv heads, but memory does not ask for 4).
+    ("microsoft_phi-4", 2, 2, 1, False, ["27.3 GiB", "2 cores", "tp=2", "40 heads", "10 kv heads"]),
+    # DeepSeek-V3: 3,918,786,560 BF16 + 680,571,043,840 F8 + 41,555,600 F32 = 684,531,386,000 params,
+    # loaded as bfloat16: x 2 = 1,369,062,772,000 B = 1275.04 GiB; /64 = 19.9 > 18, /128 = 9.96 -> needs 128
+    # cores > 16 -> skip.
+    ("deepseek-ai_DeepSeek-V3", 0, 1, 1, True, ["needs 128 cores", "1275.0 GiB", "--max-cores=16"]),
+    # Qwen3-235B-A22B: 235,093,634,560 x 2 = 470,187,269,120 B = 437.90 GiB; /16 = 27.4 > 18, /32 = 13.7
+    # -> needs 32 cores > 16 -> skip.
+    ("Qwen_Qwen3-235B-A22B", 0, 1, 1, True, ["needs 32 cores", "437.9 GiB", "18.0 usable GiB", "--max-cores=16"]),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "cores", "tp", "ep", "skipped", "numbers"), PLAN_TABLE, ids=[r[0] for r in PLAN_TABLE]
+)
+def test_plan_table_on_real_configs(name: str, cores: int, tp: int, ep: int, skipped: bool, numbers: list[str]) -> None:
+    data = fixture(name)
+    shape = real_shape(name)
+    result = plan(shape)
+    assert (result.cores, result.tp_size, result.ep_size, result.skip is not None) == (cores, tp, ep, skipped)
+    assert result.weight_bytes == sum(data["parameters"].values()) * 2
+    text = result.skip if skipped else result.reason
+    assert text is not None
+    for number in numbers:
+        assert number in text, f"{number!r} not in {text!r}"
+    if skipped:
+        assert result.reason == result.skip
+    assert "catalog override" not in result.reason
+
+
+def test_shapes_of_real_configs() -> None:
+    # gpt2 spells heads n_head; transformers' attribute map normalises it, and no GQA means kv = heads.
+    gpt2 = real_shape("openai-community_gpt2")
+    assert (gpt2.model_type, gpt2.num_attention_heads, gpt2.num_key_value_heads) == ("gpt2", 12, 12)
+    assert (gpt2.num_experts, gpt2.has_tp_plan) == (0, False)
+    assert gpt2.parameters == 137_022_720 and gpt2.weights_source == "hub api"
+    mixtral = real_shape("mistralai_Mixtral-8x7B-Instruct-v0.1")  # num_local_experts
+    assert (mixtral.num_experts, mixtral.has_tp_plan, mixtral.num_key_value_heads) == (8, True, 8)
+    qwen_moe = real_shape("Qwen_Qwen3-30B-A3B")  # num_experts
+    assert (qwen_moe.num_experts, qwen_moe.has_tp_plan) == (128, True)
+    deepseek = real_shape("deepseek-ai_DeepSeek-V3")  # n_routed_experts
+    assert (deepseek.num_experts, deepseek.num_attention_heads, deepseek.num_key_value_heads) == (256, 128, 128)
+    gemma = real_shape("google_gemma-3-1b-it")
+    assert (gemma.model_type, gemma.num_attention_heads, gemma.num_key_value_heads, gemma.has_tp_plan) == (
+        "gemma3_text",
+        4,
+        1,
+        True,
+    )
+    assert ModelShape.from_config({"model_type": "qwen3"}, 1).weights_source == "given"
+
+
+def test_vlm_shape_comes_from_its_text_config() -> None:
+    # Gemma3Config (the VLM) has no TP plan of its own; its Gemma3TextConfig does, and holds the heads.
+    text = fixture("google_gemma-3-1b-it")["config"]
+    shape = ModelShape.from_config({"model_type": "gemma3", "text_config": text}, 4_300_000_000)
+    assert (shape.model_type, shape.num_attention_heads, shape.num_key_value_heads) == ("gemma3", 4, 1)
+    assert shape.has_tp_plan
+    # qwen2_5_vl with transformers' defaults: the text config's 64 heads / 8 kv heads, not the vision tower's.
+    qwen_vl = ModelShape.from_config({"model_type": "qwen2_5_vl"}, 1)
+    assert (qwen_vl.num_attention_heads, qwen_vl.num_key_value_heads, qwen_vl.has_tp_plan) == (64, 8, True)
+
+
+def test_unknown_model_type_falls_back_to_raw_fields_without_tp_plan() -> None:
+    config = {"model_type": "remote_code_arch", "n_head": 16, "num_key_value_heads": 4, "num_local_experts": 8}
+    shape = ModelShape.from_config(config, 10)
+    assert (shape.num_attention_heads, shape.num_key_value_heads, shape.num_experts) == (16, 4, 8)
+    assert not shape.has_tp_plan
+    nested = ModelShape.from_config({"model_type": "remote_vlm", "text_config": {"num_attention_heads": 8}}, 10)
+    assert (nested.num_attention_heads, nested.num_key_value_heads, nested.num_experts) == (8, 8, 0)
+    with pytest.raises(PlanningError, match="model_type"):
+        ModelShape.from_config({"n_head": 12}, 10)
+
+
+def jetmoe_shape(parameters: int) -> ModelShape:
+    """An MoE without a TP plan, built honestly: jetmoe is a real MoE model_type whose transformers 5.24
+    config class has no base_model_tp_plan; with transformers' defaults it has 8 experts (num_local_experts).
+    The parameter counts passed in are synthetic, chosen to need a given number of cores."""
+    shape = ModelShape.from_config({"model_type": "jetmoe"}, parameters)
+    assert (shape.has_tp_plan, shape.num_experts) == (False, 8)
+    return shape
+
+
+def test_moe_without_tp_plan_uses_expert_parallelism() -> None:
+    # 15 GiB params x 2 B = 30.0 GiB; /2 = 15.0 <= 18 -> 2 cores; 8 experts % 2 = 0 -> ep=2, tp=1.
+    two = plan(jetmoe_shape(15 * GIB))
+    assert (two.cores, two.tp_size, two.ep_size, two.skip) == (2, 1, 2, None)
+    assert "ep=2" in two.reason and "8 experts" in two.reason and "30.0 GiB" in two.reason
+    # 60 GiB params x 2 = 120.0 GiB; /4 = 30 > 18, /8 = 15.0 -> 8 cores; 8 % 8 = 0 -> ep=8.
+    eight = plan(jetmoe_shape(60 * GIB))
+    assert (eight.cores, eight.tp_size, eight.ep_size) == (8, 1, 8)
+    # 125 GiB params x 2 = 250.0 GiB; /8 = 31.25 > 18, /16 = 15.6 -> 16 cores, but 8 % 16 != 0 -> skip.
+    sixteen = plan(jetmoe_shape(125 * GIB))
+    assert sixteen.cores == 0 and sixteen.skip is not None
+    assert "ep=16" in sixteen.skip and "8 experts" in sixteen.skip and "250.0 GiB" in sixteen.skip
+
+
+def test_scaled_up_gpt2_without_tp_plan_is_skipped() -> None:
+    torch = pytest.importorskip("torch")
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    # The real gpt2 config, widened and deepened; its parameters are counted on the meta device.
+    config = dict(fixture("openai-community_gpt2")["config"], n_embd=4096, n_head=32, n_layer=64)
+    with torch.device("meta"):
+        model = GPT2LMHeadModel(GPT2Config(**config))
+    parameters = sum(p.numel() for p in model.parameters())
+    # 64 layers x ~12 x 4096^2 ~= 12.9e9 params -> ~24 GiB of bfloat16 > 18.0 usable GiB of one core.
+    weight_gib = parameters * 2 / GIB
+    assert 18 < weight_gib < 36
+    result = plan(ModelShape.from_config(config, parameters))
+    assert result.cores == 0 and result.skip is not None
+    assert "no TP plan" in result.skip
+    assert f"{weight_gib:.1f} GiB" in result.skip and "18.0 usable GiB of one core" in result.skip
+
+
+def test_valid_override_wins() -> None:
+    # Qwen3-8B fits 1 core (15.3 GiB); the catalog asks for 4: 32 % 4 = 0 and 8 % 4 = 0 -> tp=4.
+    result = plan(real_shape("Qwen_Qwen3-8B"), override=4)
+    assert (result.cores, result.tp_size, result.ep_size, result.skip) == (4, 4, 1, None)
+    assert result.reason.startswith("catalog override") and "15.3 GiB" in result.reason
+    one = plan(real_shape("Qwen_Qwen3-0.6B"), override=1)
+    assert (one.cores, one.tp_size, one.skip) == (1, 1, None) and "catalog override" in one.reason
+    # An MoE without a TP plan, overridden to 4 of its 8 experts' divisors -> ep=4.
+    moe = plan(jetmoe_shape(15 * GIB), override=4)
+    assert (moe.cores, moe.tp_size, moe.ep_size) == (4, 1, 4)
+
+
+@pytest.mark.parametrize(
+    ("name", "override", "max_cores", "needles"),
+    [
+        # 3 is not a core count the runtime allocates.
+        ("Qwen_Qwen3-8B", 3, 16, ["cores=3", "not an allowed core count", "1, 2, 4, 8, 16"]),
+        # phi-4 has 40 heads and 10 kv heads: 10 % 4 != 0.
+        ("microsoft_phi-4", 4, 16, ["cores=4", "tp=4", "40 attention heads", "10 kv heads"]),
+        # Llama-3.3-70B: 131.4 GiB / 4 = 32.9 GiB > 18.0 usable -> needs 8.
+        ("meta-llama_Llama-3.3-70B-Instruct", 4, 16, ["cores=4", "does not fit memory", "131.4 GiB", "need 8 cores"]),
+        # Qwen3-32B needs only 4, but 16 is above the session limit of 8.
+        ("Qwen_Qwen3-32B", 16, 8, ["cores=16", "--max-cores=8"]),
+        # gpt2 fits one core, but cannot be sharded over two: no TP plan, no experts.
+        ("openai-community_gpt2", 2, 16, ["cores=2", "no TP plan"]),
+    ],
+)
+def test_invalid_override_is_skipped_naming_the_rule(
+    name: str, override: int, max_cores: int, needles: list[str]
+) -> None:
+    result = plan(real_shape(name), override=override, max_cores=max_cores)
+    assert (result.cores, result.skip is not None) == (0, True)
+    assert result.skip is not None and result.skip.startswith("catalog override")
+    for needle in needles:
+        assert needle in result.skip, f"{needle!r} not in {result.skip!r}"
+
+
+def test_override_violating_expert_divisibility() -> None:
+    result = plan(jetmoe_shape(1), override=16)
+    assert result.skip is not None and "ep=16" in result.skip and "8 experts" in result.skip
+
+
+def test_max_cores_below_need_is_skipped_with_the_needed_count() -> None:
+    # Llama-3.3-70B needs 8 cores (see the table); a 4-core limit skips it.
+    result = plan(real_shape("meta-llama_Llama-3.3-70B-Instruct"), max_cores=4)
+    assert result.cores == 0 and result.skip == (
+        "needs 8 cores (131.4 GiB of bfloat16 weights at 18.0 usable GiB per core), more than --max-cores=4"
+    )
+    # A limit that is not itself a choice still caps the candidates: 6 allows 1, 2, 4.
+    assert plan(real_shape("Qwen_Qwen3-32B"), max_cores=6).cores == 4
+    assert "--max-cores=6" in (plan(real_shape("meta-llama_Llama-3.3-70B-Instruct"), max_cores=6).skip or "")
+
+
+def test_divisibility_failure_without_override_is_skipped() -> None:
+    # phi-4 in float32: 14,659,507,200 x 4 = 58,638,028,800 B = 54.61 GiB; /2 = 27.3 > 18, /4 = 13.65 -> 4,
+    # but 10 kv heads % 4 != 0 (and % 8, % 16) -> no core count works.
+    result = plan(real_shape("microsoft_phi-4"), dtype="float32")
+    assert result.cores == 0 and result.skip is not None
+    for needle in ("54.6 GiB of float32", "need 4 cores", "tp=4", "10 kv heads", "tried 4, 8, 16"):
+        assert needle in result.skip, f"{needle!r} not in {result.skip!r}"
+
+
+def test_memory_boundary_and_headroom() -> None:
+    qwen = real_shape("Qwen_Qwen3-8B")
+    # 9 GiB params x 2 B = exactly 18 GiB = usable: fits one core; one more parameter does not.
+    assert plan(dataclasses.replace(qwen, parameters=9 * GIB)).cores == 1
+    assert plan(dataclasses.replace(qwen, parameters=9 * GIB + 1)).cores == 2
+    # 20 GiB of weights: 2 cores at 25% headroom (18 GiB usable), 1 core with no headroom (24 GiB).
+    twenty = dataclasses.replace(qwen, parameters=10 * GIB)
+    assert plan(twenty).cores == 2
+    assert plan(twenty, headroom=0.0).cores == 1
+    # Weights are counted at the run dtype whatever they are stored in: float32 doubles bfloat16.
+    assert plan(qwen, dtype="float32").weight_bytes == 2 * plan(qwen).weight_bytes
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"dtype": "int8"}, {"core_bytes": 0}, {"headroom": 1.0}, {"headroom": -0.1}, {"max_cores": 0}],
+)
+def test_bad_arguments_raise(kwargs: dict[str, Any]) -> None:
+    with pytest.raises(ValueError):
+        plan(real_shape("Qwen_Qwen3-8B"), **kwargs)
+
+
+# ---- safetensors headers ---------------------------------------------------------------------------
+
+
+def write_safetensors(path: Path, header: dict[str, Any], data: bytes = b"") -> None:
+    raw = json.dumps(header).encode()
+    path.write_bytes(len(raw).to_bytes(8, "little") + raw + data)
+
+
+def test_header_reader_reads_only_the_header(tmp_path: Path) -> None:
+    header = {
+        "__metadata__": {"format": "pt"},
+        "a": {"dtype": "BF16", "shape": [3, 4], "data_offsets": [0, 24]},
+        "scalar": {"dtype": "F32", "shape": [], "data_offsets": [24, 28]},
+    }
+    # The tensor bytes are absent: a reader that touched them would fail, this one does not need them.
+    path = tmp_path / "a.safetensors"
+    write_safetensors(path, header)
+    assert read_safetensors_header(path)["a"]["shape"] == [3, 4]
+    assert count_safetensors_parameters([path]) == 12 + 1
+
+
+def test_header_reader_rejects_garbage(tmp_path: Path) -> None:
+    short = tmp_path / "short.safetensors"
+    short.write_bytes(b"\x01\x02")
+    huge = tmp_path / "huge.safetensors"
+    huge.write_bytes((1 << 40).to_bytes(8, "little") + b"{}")
+    notjson = tmp_path / "bad.safetensors"
+    notjson.write_bytes((4).to_bytes(8, "little") + b"nope")
+    for path in (short, huge, notjson):
+        with pytest.raises(PlanningError, match=path.name):
+            read_safetensors_header(path)
+
+
+# ---- inspect_model on real files ---------------------------------------------------------------------
+
+
+def tiny_llama(directory: Path, **save: Any) -> int:
+    """Save a tiny Llama with tied embeddings; return its parameter count as torch sees it."""
+    pytest.importorskip("torch")
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=128,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+    )
+    model = LlamaForCausalLM(config)
+    model.save_pretrained(directory, **save)
+    # parameters() yields the tied embedding once; safetensors stores it once too (no lm_head.weight).
+    unique = sum(p.numel() for p in model.parameters())
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    assert sum(t.numel() for t in model.state_dict().values()) == unique + 128 * 32
+    return unique
+
+
+def test_inspect_local_checkpoint(tmp_path: Path) -> None:
+    directory = tmp_path / "tiny"
+    expected = tiny_llama(directory)
+    shape = inspect_model(ModelSpec(id=str(directory), source="local"))
+    assert shape == ModelShape(
+        model_type="llama",
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_experts=0,
+        has_tp_plan=True,
+        parameters=expected,
+        weights_source="local files",
+    )
+
+
+def test_inspect_local_sharded_checkpoint_counts_only_indexed_shards(tmp_path: Path) -> None:
+    directory = tmp_path / "sharded"
+    expected = tiny_llama(directory, max_shard_size="20KB")
+    assert (directory / "model.safetensors.index.json").is_file()
+    assert len(list(directory.glob("*.safetensors"))) > 1
+    # A leftover file from an earlier save is not part of the model named by the index.
+    write_safetensors(directory / "stale.safetensors", {"x": {"dtype": "F32", "shape": [1000], "data_offsets": [0, 0]}})
+    assert inspect_model(ModelSpec(id=str(directory), source="local")).parameters == expected
+
+
+def test_inspect_local_errors(tmp_path: Path) -> None:
+    with pytest.raises(PlanningError, match=r"no config\.json"):
+        inspect_model(ModelSpec(id=str(tmp_path), source="local"))
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    with pytest.raises(PlanningError, match=r"no \*\.safetensors"):
+        inspect_model(ModelSpec(id=str(tmp_path), source="local"))
+
+
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+def install_in_cache(cache: Path, repo_id: str, files: Path, skip: tuple[str, ...] = ()) -> None:
+    """The Hugging Face cache layout: models--org--name/snapshots/<commit>/<file> and refs/main."""
+    repo = cache / ("models--" + repo_id.replace("/", "--"))
+    snapshot = repo / "snapshots" / COMMIT
+    snapshot.mkdir(parents=True)
+    for path in files.iterdir():
+        if path.name not in skip:
+            shutil.copy2(path, snapshot / path.name)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(COMMIT)
+
+
+HUB_SCRIPT = textwrap.dedent(
+    """
+    import dataclasses, json, sys
+    from pytest_neuron_support.catalog import ModelSpec
+    from pytest_neuron_support.planning import PlanningError, inspect_model
+
+    out = {}
+    for key, repo, revision in json.loads(sys.argv[1]):
+        try:
+            out[key] = dataclasses.asdict(inspect_model(ModelSpec(id=repo, revision=revision, source="cli")))
+        except PlanningError as exc:
+            out[key] = {"error": str(exc)}
+    print(json.dumps(out))
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def hub_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """inspect_model run in a subprocess against a private, offline hub cache.
+
+    huggingface_hub reads HF_HUB_CACHE and HF_HUB_OFFLINE when it is imported, so the environment
+    must be set before the interpreter starts.
+    """
+    base = tmp_path_factory.mktemp("hub")
+    single, sharded = base / "single", base / "sharded"
+    counts = {"single": tiny_llama(single), "sharded": tiny_llama(sharded, max_shard_size="20KB")}
+    shards = sorted(p.name for p in sharded.glob("model-*.safetensors"))
+    cache = base / "cache"
+    install_in_cache(cache, "tiny-org/single", single)
+    install_in_cache(cache, "tiny-org/sharded", sharded)
+    # The index is cached but one shard is not: the cache cannot answer, and offline the API cannot either.
+    install_in_cache(cache, "tiny-org/partial", sharded, skip=(shards[0],))
+    cases = [
+        ("single", "tiny-org/single", "main"),
+        ("sharded", "tiny-org/sharded", "main"),
+        ("pinned", "tiny-org/sharded", COMMIT),
+        ("partial", "tiny-org/partial", "main"),
+        ("missing", "tiny-org/absent", "main"),
+    ]
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HOME")}
+    env.update(HF_HUB_CACHE=str(cache), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    proc = subprocess.run(
+        [sys.executable, "-c", HUB_SCRIPT, json.dumps(cases)],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    results: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    results["_counts"] = counts
+    results["_missing_shard"] = shards[0]
+    return results
+
+
+def test_inspect_from_hub_cache(hub_results: dict[str, Any]) -> None:
+    counts = hub_results["_counts"]
+    for key, count in (("single", counts["single"]), ("sharded", counts["sharded"]), ("pinned", counts["sharded"])):
+        assert hub_results[key] == {
+            "model_type": "llama",
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "num_experts": 0,
+            "has_tp_plan": True,
+            "parameters": count,
+            "weights_source": "hub cache",
+        }, key
+
+
+def test_uncached_shard_falls_through_to_the_api(hub_results: dict[str, Any]) -> None:
+    error = hub_results["partial"]["error"]
+    assert "tiny-org/partial" in error
+    assert f"shard {hub_results['_missing_shard']}" in error and "not cached" in error
+    assert "get_safetensors_metadata" in error
+
+
+def test_missing_model_offline_is_a_planning_error(hub_results: dict[str, Any]) -> None:
+    error = hub_results["missing"]["error"]
+    assert "tiny-org/absent" in error and "config.json" in error
+
+
+def test_inspect_falls_back_to_the_hub_api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # No network here, so the three hub calls are replaced; the config and counts are DeepSeek-V3's real ones.
+    import huggingface_hub
+
+    data = fixture("deepseek-ai_DeepSeek-V3")
+    config_path = tmp_path / "config.json"
+    config_path.write_text(json.dumps(data["config"]))
+    calls: list[tuple[str, str, str | None]] = []
+
+    def download(repo_id: str, filename: str, *, revision: str | None = None) -> str:
+        calls.append(("download", filename, revision))
+        return str(config_path)
+
+    def from_cache(repo_id: str, filename: str, revision: str | None = None) -> None:
+        calls.append(("cache", filename, revision))
+
+    def metadata(repo_id: str, *, revision: str | None = None) -> Any:
+        calls.append(("api", repo_id, revision))
+        return types.SimpleNamespace(parameter_count=dict(data["parameters"]))
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", download)
+    monkeypatch.setattr(huggingface_hub, "try_to_load_from_cache", from_cache)
+    monkeypatch.setattr(huggingface_hub, "get_safetensors_metadata", metadata)
+    shape = inspect_model(ModelSpec(id="deepseek-ai/DeepSeek-V3", revision="v1"))
+    assert (shape.parameters, shape.weights_source) == (684_531_386_000, "hub api")
+    assert (shape.model_type, shape.num_experts, shape.has_tp_plan) == ("deepseek_v3", 256, True)
+    assert calls == [
+        ("download", "config.json", "v1"),
+        ("cache", "model.safetensors.index.json", "v1"),
+        ("cache", "model.safetensors", "v1"),
+        ("api", "deepseek-ai/DeepSeek-V3", "v1"),
+    ]
+    assert plan(shape).skip is not None and "needs 128 cores" in (plan(shape).skip or "")
+
+
+def test_module_import_stays_cheap() -> None:
+    code = (
+        "import sys, pytest_neuron_support.planning; "
+        "print([m for m in ('torch', 'transformers', 'huggingface_hub') if m in sys.modules])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO).stdout
+    assert out.strip() == "[]"

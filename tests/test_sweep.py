@@ -1,0 +1,103 @@
+"""End-to-end sweeps of the tiny zoo through the plugin, on CPU, as a user runs them."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from pytest_neuron_support import zoo
+from pytest_neuron_support.catalog import load_catalog
+
+REPO = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.slow
+
+
+def test_tiny_zoo_sweep_passes_every_architecture_with_two_workers(
+    pytester: pytest.Pytester, offline_hub: Path
+) -> None:
+    shutil.copy(REPO / "models-tiny.yaml", pytester.path / "models-tiny.yaml")
+    ids = {m.id for m in load_catalog(REPO / "models-tiny.yaml").models if m.exclude is None}
+    result = pytester.runpytest_subprocess(
+        "--device=cpu", "--models-file=models-tiny.yaml", "-n", "2", "--results-dir=out", "--model-timeout=900"
+    )
+    result.assert_outcomes(passed=len(ids))
+    result.stdout.fnmatch_lines(["*neuron-support results*", f"{len(ids)} PASS", "Parquet: *out/data/*.parquet"])
+
+    df = pd.read_parquet(pytester.path / "out" / "data")
+    assert sorted(df.model_id) == sorted(ids)  # one row per item
+    assert set(df.result) == {"PASS"}
+    for column in (
+        "revision",
+        "task",
+        "failure_stage",
+        "error",
+        "neuron_cores",
+        "dtype",
+        "neuronx_cc",
+        "torch_neuronx",
+        "torch",
+        "library",
+        "library_version",
+        "python",
+        "device",
+        "runscript",
+        "timestamp",
+    ):
+        assert column in df.columns
+    assert (df.graphs_compiled >= 1).all() and (df.recompiles == 0).all()
+    assert (df.compile_s > 0).all() and (df.load_s > 0).all() and (df.run_s > df.first_generate_s).all()
+    assert (df.tokens.map(len) == 32).all() and (df.matched_prefix == 32).all()
+    assert (df.neuronx_cc == "none").all() and (df.library == "transformers").all()
+    assert df.runscript.str.contains("cache_implementation").all()
+    # The stored run.py is the one that ran.
+    qwen3 = df.set_index("model_id").loc["tiny-random/qwen3"]
+    ran = (pytester.path / "out" / "runs" / "tiny-random--qwen3" / "cpu" / "device" / "run.py").read_text()
+    assert qwen3.runscript == ran
+
+
+PERTURB = """
+def pytest_neuron_support_post_load(config, model):
+    if model.id == "tiny-random/llama":
+        # test-only perturbation of the device run: the CPU reference stays clean
+        return "with torch.no_grad():\\n    model.model.norm.weight.mul_(-1.0)\\n"
+    return None
+"""
+
+
+def test_parity_failure_and_load_error_are_rows_and_the_sweep_goes_on(
+    pytester: pytest.Pytester, offline_hub: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A private copy of the zoo cache plus a checkpoint whose weights file is cut short.
+    cache = pytester.path / "hub"
+    shutil.copytree(offline_hub, cache, symlinks=True)
+    (llama,) = (cache / "models--tiny-random--llama" / "snapshots").iterdir()
+    broken = pytester.path / "broken"
+    broken.mkdir()
+    for file in llama.iterdir():
+        data = file.read_bytes()
+        (broken / file.name).write_bytes(data[: len(data) // 2] if file.suffix == ".safetensors" else data)
+    zoo.install_snapshot(cache, "tiny-broken/truncated", broken)
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    pytester.makeconftest(PERTURB)
+    pytester.makefile(
+        ".yaml",
+        models=(
+            "models:\n"
+            f"  - id: tiny-random/llama\n    task: text-generation\n    prompt: {zoo.TINY_PROMPT!r}\n"
+            "  - id: tiny-broken/truncated\n    task: text-generation\n"
+            f"  - id: tiny-random/qwen3\n    task: text-generation\n    prompt: {zoo.TINY_PROMPT!r}\n"
+        ),
+    )
+    result = pytester.runpytest_subprocess("--device=cpu", "-n", "2", "--results-dir=out")
+    result.assert_outcomes(passed=1, failed=2)
+    df = pd.read_parquet(pytester.path / "out" / "data").set_index("model_id")
+    llama = df.loc["tiny-random/llama"]
+    assert llama.result == "FAIL" and llama.failure_stage == "parity"
+    assert llama.first_divergence == llama.matched_prefix and llama.first_divergence < 32
+    assert "model.model.norm.weight.mul_(-1.0)" in llama.runscript
+    broken = df.loc["tiny-broken/truncated"]
+    assert broken.result == "ERROR" and broken.failure_stage == "load"
+    assert df.loc["tiny-random/qwen3", "result"] == "PASS"
