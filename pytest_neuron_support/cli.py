@@ -55,6 +55,24 @@ def _show(args: argparse.Namespace) -> int:
     return 0
 
 
+def _merge(args: argparse.Namespace) -> int:
+    from .dataset import read_dataset, recover_parts, write_rows
+
+    target = Path(args.into)
+    total = 0
+    for source in map(Path, args.parts):
+        if not (source / "data").is_dir() and not (source / ".parts").is_dir():
+            print(f"neuron-support merge: {source} holds no dataset (no data/ or .parts/)", file=sys.stderr)
+            return 2
+        recover_parts(source)  # rows of a shard that was killed before it wrote Parquet
+        rows = read_dataset(source)
+        write_rows(target, rows)
+        total += len(rows)
+        print(f"{source}: {len(rows)} rows")
+    print(f"merged {total} rows into {target / 'data'}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="neuron-support", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -70,6 +88,10 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("model", help="Hub id")
     show.add_argument("--results-dir", default="results", help="dataset folder (default results)")
     show.set_defaults(func=_show)
+    merge = sub.add_parser("merge", help="combine shards' results folders into one dataset")
+    merge.add_argument("parts", nargs="+", help="results folders written by shards (--results-dir of each)")
+    merge.add_argument("--into", required=True, help="dataset folder to merge into")
+    merge.set_defaults(func=_merge)
     return parser
 
 

@@ -50,6 +50,9 @@ class DeviceKind:
             devices the machine has; evaluated only inside :func:`probe`'s subprocess.
         memory_expr: expression giving one core's memory in bytes (same rules), or None
             where a core has no memory of its own (cpu plans as if on a trn2 core).
+        compile_cache_env: variable naming the compile cache directory (``--neff-cache``).
+        cache_log_markers: (hit, miss) substrings the compiler logs per cached / compiled
+            graph, counted in run.py's log; None where run.py reads counters instead (inductor).
         compare_sharded: sharded runs are also compared with a CPU reference (affordable off
             Trainium; on neuron sharded models are the big ones and only the judge decides).
         max_pool: largest ``--neuron-cores`` accepted, or None for "what the probe counts";
@@ -67,6 +70,8 @@ class DeviceKind:
     env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     count_expr: str = "0"
     memory_expr: str | None = None
+    compile_cache_env: str = "TORCHINDUCTOR_CACHE_DIR"
+    cache_log_markers: tuple[str, str] | None = None
     compare_sharded: bool = True
     max_pool: int | None = None
 
@@ -105,12 +110,15 @@ DEVICES: Mapping[str, DeviceKind] = MappingProxyType(
             core_env_contiguous=True,
             force_compile=False,
             memory_module="neuron",
-            env=MappingProxyType({"TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION": "1"}),
+            env=MappingProxyType({"TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION": "1", "TORCH_NEURONX_LOG_LEVEL": "2"}),
             count_expr=(
                 "torch.neuron.device_count() if hasattr(torch, 'neuron') and torch.neuron.is_available() else 0"
             ),
             memory_expr="torch.neuron.get_device_properties(0).total_memory",
             compare_sharded=False,
+            compile_cache_env="TORCH_NEURONX_NEFF_CACHE_DIR",
+            # At TORCH_NEURONX_LOG_LEVEL=2 the backend logs one line per graph looked up.
+            cache_log_markers=("[NEFF_CACHE] Cache HIT", "[NEFF_CACHE] Cache MISS"),
         ),
         "cuda": DeviceKind(
             name="cuda",

@@ -7,6 +7,7 @@ so one broken model never stops a sweep.
 from __future__ import annotations
 
 import datetime
+import hashlib
 import json
 import os
 import re
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
+from .caches import ReferenceCache, reference_key
 from .catalog import ModelSpec
 from .checks import DEFAULT_JUDGE, compare, fluency_precheck
 from .devices import DEVICES, DeviceKind
@@ -51,6 +53,9 @@ class Settings:
         judge_model: Hub id (or local path) of the model that judges sharded runs' fluency.
         judge_revision: its revision.
         parity: ``exact`` (every token equal) or ``near-tie`` (a near-tie first divergence passes).
+        reference_cache: directory of cached CPU reference results, None to always rerun them.
+        compile_cache: directory for the device's compile cache (NEFF cache on neuron, inductor's
+            FX graph cache elsewhere), None to leave the environment's choice.
     """
 
     device: DeviceKind
@@ -70,6 +75,8 @@ class Settings:
     judge_model: str = DEFAULT_JUDGE
     judge_revision: str = "main"
     parity: str = "exact"
+    reference_cache: Path | None = None
+    compile_cache: Path | None = None
 
 
 def slug(model_id: str) -> str:
@@ -92,10 +99,35 @@ def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
+def settings_hash(model: ModelSpec, settings: Settings) -> str:
+    """What makes two rows of one model on one stack comparable: a rerun with the same hash
+    would repeat the same check (``--resume`` skips it)."""
+    parts = [
+        model.id,
+        model.revision,
+        model.task,
+        model.dtype,
+        model.prompt or settings.prompt,
+        str(model.cores),
+        str(settings.max_new_tokens),
+        settings.device.name,
+        settings.compile_backend,
+        str(settings.reference_dtype),
+        settings.parity,
+        settings.judge_model,
+        settings.judge_revision,
+        str(settings.core_bytes),
+        str(settings.headroom),
+        str(settings.max_cores),
+    ]
+    return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:16]
+
+
 def base_row(model: ModelSpec, settings: Settings) -> Row:
     """A row with the model's and stack's identity filled in, before anything runs."""
     stack = settings.stack
     return Row(
+        settings_hash=settings_hash(model, settings),
         model_id=model.id,
         result="ERROR",
         revision=model.revision,
@@ -288,12 +320,15 @@ def run_model(
     row = replace(planned_row(model, settings, plan), first_core=first, lease_start=round(time.time(), 3))
     workdir = settings.results_dir / "runs" / slug(model.id) / settings.device.name
     device_env = {**environ, **settings.device.pin_cores(first, count)}
+    if settings.compile_cache is not None:
+        device_env[settings.device.compile_cache_env] = str(settings.compile_cache)
     spec = run_spec(model, settings, device=settings.device, reference=False, post_load=post_load, plan=plan)
     source, outcome = _execute(spec, workdir / "device", device_env, settings.model_timeout)
     row = replace(row, runscript=source, run_s=round(outcome.wall_s, 3))
     result = outcome.result
     if result is not None:
         row = _with_device_result(row, result)
+        row = _with_cache_counts(row, settings.device, result, outcome)
     if result is None or not result.get("ok"):
         status, stage, error = _failure(outcome, "run.py")
         return replace(
@@ -328,21 +363,34 @@ def _reference(
 ) -> tuple[Row, Row | None]:
     """Run the CPU reference and record the comparison; the second value is a final row if it failed."""
     ref_spec = run_spec(model, settings, device=DEVICES["cpu"], reference=True, post_load="")
-    cpu_env = {k: v for k, v in environ.items() if k not in _PIN_VARS}
-    _, ref = _execute(ref_spec, workdir / "reference", cpu_env, settings.model_timeout)
-    row = replace(row, reference_dtype=ref_spec.dtype, reference_s=round(ref.wall_s, 3))
-    if ref.result is None or not ref.result.get("ok"):
-        status, _, error = _failure(ref, "CPU reference run.py")
-        failed = replace(
-            row, result=status, failure_stage="reference", error=scrub(error, environ), lease_end=round(time.time(), 3)
-        )
-        return row, failed
+    cache = ReferenceCache(settings.reference_cache) if settings.reference_cache is not None else None
+    key = reference_key(ref_spec, settings.stack)
+    reference = cache.get(key, result.get("commit")) if cache is not None else None
+    if reference is not None:
+        row = replace(row, reference_dtype=ref_spec.dtype, reference_s=0.0, reference_cached=True)
+    else:
+        cpu_env = {k: v for k, v in environ.items() if k not in _PIN_VARS}
+        _, ref = _execute(ref_spec, workdir / "reference", cpu_env, settings.model_timeout)
+        row = replace(row, reference_dtype=ref_spec.dtype, reference_s=round(ref.wall_s, 3), reference_cached=False)
+        if ref.result is None or not ref.result.get("ok"):
+            status, _, error = _failure(ref, "CPU reference run.py")
+            failed = replace(
+                row,
+                result=status,
+                failure_stage="reference",
+                error=scrub(error, environ),
+                lease_end=round(time.time(), 3),
+            )
+            return row, failed
+        reference = ref.result
+        if cache is not None:
+            cache.put(key, reference)
     parity = compare(
-        result["tokens"], ref.result["tokens"], result.get("top_logprobs", ()), ref.result.get("top_logprobs", ())
+        result["tokens"], reference["tokens"], result.get("top_logprobs", ()), reference.get("top_logprobs", ())
     )
     row = replace(
         row,
-        reference_tokens=tuple(ref.result["tokens"]),
+        reference_tokens=tuple(reference["tokens"]),
         reference_match=parity.match,
         near_tie=parity.near_tie,
         matched_prefix=parity.matched_prefix,
@@ -419,6 +467,16 @@ def _with_device_result(row: Row, result: Mapping[str, Any]) -> Row:
         neuronx_cc=versions.get("neuronx_cc", row.neuronx_cc),
         torch_neuronx=versions.get("torch_neuronx", row.torch_neuronx),
     )
+
+
+def _with_cache_counts(row: Row, device: DeviceKind, result: Mapping[str, Any], outcome: ProcessOutcome) -> Row:
+    """Compile-cache hits and misses: counted by run.py (inductor), or from the compiler's log lines."""
+    if device.cache_log_markers is not None:
+        log = outcome.log_tail(chars=10_000_000)
+        hit, miss = device.cache_log_markers
+        return replace(row, compile_cache_hits=log.count(hit), compile_cache_misses=log.count(miss))
+    counts = result.get("compile_cache") or {}
+    return replace(row, compile_cache_hits=counts.get("hits"), compile_cache_misses=counts.get("misses"))
 
 
 def _round(value: float | None) -> float | None:

@@ -19,19 +19,22 @@ from typing import Any
 import pytest
 
 from . import hooks
+from .caches import clean_compile_cache
 from .catalog import DEFAULT_PROMPT, DTYPES, CatalogError, ModelSpec, cli_model, load_catalog, merge_models
 from .checks import DEFAULT_JUDGE, PARITY_MODES
 from .cores import CorePool
-from .dataset import PartWriter, check_writable, expected_seconds_from_dataset, recover_parts
+from .dataset import PartWriter, check_writable, expected_seconds_from_dataset, read_dataset, recover_parts
 from .devices import AUTO_ORDER, DEVICES, probe
-from .pipeline import Settings, gate, plan_model, planned_row, prior_seconds, run_model, slug
+from .pipeline import Settings, gate, plan_model, planned_row, prior_seconds, run_model, settings_hash, slug
 from .planning import CORE_CHOICES, DEFAULT_HEADROOM, DEFAULT_MAX_CORES, Plan
 from .records import Row, current_stack
+from .sharding import Shard, ShardError, assign, parse_shard, shard_from_env
 
 ROW_PROPERTY = "neuron_support_row"
 #: A trn2 logical NeuronCore at LNC=2 (the default): 96 GiB HBM per chip / 4. Devices that
 #: report no per-core memory (cpu) are planned as if they were one, so plans match Trainium's.
 TRN2_CORE_BYTES = 24 << 30
+DEFAULT_CACHE_HOME = Path(os.environ.get("NEURON_SUPPORT_CACHE", "~/.cache/neuron-support"))
 WORKERINPUT_KEY = "neuron_support"
 
 
@@ -54,6 +57,10 @@ class Options:
     judge_model: str
     judge_revision: str
     parity: str
+    shard: Shard | None
+    resume: bool
+    neff_cache: Path | None
+    reference_cache: Path | None
     core_memory_gib: float | None
     memory_headroom: float
     max_cores: int
@@ -65,6 +72,8 @@ catalog_key = pytest.StashKey[tuple[ModelSpec, ...]]()
 writer_key = pytest.StashKey["ResultsWriter"]()
 model_key = pytest.StashKey[ModelSpec]()
 plan_key = pytest.StashKey[Plan]()
+#: (model id, device) -> (result, settings hash) of rows already in the dataset (--resume).
+recorded_key = pytest.StashKey[dict[tuple[str, str], tuple[str, str]]]()
 
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
@@ -155,6 +164,32 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="ID",
         help=f"small instruct model that judges whether a sharded run's text is fluent (default {DEFAULT_JUDGE})",
     )
+    group.addoption(
+        "--shard",
+        default=None,
+        metavar="I/N",
+        help="run shard I of N (0-based), balanced by expected cost; also read from SLURM_ARRAY_TASK_ID/COUNT "
+        "and JOB_COMPLETION_INDEX with NEURON_SUPPORT_SHARDS",
+    )
+    group.addoption(
+        "--resume",
+        action="store_true",
+        default=False,
+        help="skip models that already have a row for this stack and the same settings",
+    )
+    group.addoption(
+        "--neff-cache",
+        default=None,
+        metavar="DIR",
+        help="compile cache for run.py: TORCH_NEURONX_NEFF_CACHE_DIR on neuron, TORCHINDUCTOR_CACHE_DIR elsewhere; "
+        "stale locks and failed entries are cleaned before the sweep",
+    )
+    group.addoption(
+        "--reference-cache",
+        default=str(DEFAULT_CACHE_HOME / "reference"),
+        metavar="DIR",
+        help="where CPU reference results are cached ('none' to always rerun them)",
+    )
     group.addoption("--judge-revision", default="main", metavar="REV", help="revision of --judge-model")
     group.addoption(
         "--parity",
@@ -215,7 +250,18 @@ def parse_options(config: pytest.Config) -> Options:
         core_memory_gib=None if memory is None else _positive_float(memory, "--core-memory-gib", "24"),
         memory_headroom=_fraction(get("memory_headroom")),
         max_cores=_core_choice(get("max_cores")),
+        shard=_shard(get("shard")),
+        resume=get("resume"),
+        neff_cache=None if get("neff_cache") is None else Path(get("neff_cache")).resolve(),
+        reference_cache=None if get("reference_cache") == "none" else Path(get("reference_cache")).expanduser(),
     )
+
+
+def _shard(value: str | None) -> Shard | None:
+    try:
+        return parse_shard(value) if value is not None else shard_from_env(os.environ)
+    except ShardError as exc:
+        raise pytest.UsageError(str(exc)) from None
 
 
 def _judge_model(value: str) -> str:
@@ -318,6 +364,8 @@ def _settings(options: Options, device: str, pool: int, core_bytes: int, lease_d
         judge_model=options.judge_model,
         judge_revision=options.judge_revision,
         parity=options.parity,
+        reference_cache=options.reference_cache,
+        compile_cache=options.neff_cache,
         stack=current_stack(),
         core_bytes=core_bytes,
         headroom=options.memory_headroom,
@@ -353,6 +401,7 @@ def pytest_configure(config: pytest.Config) -> None:
         config.stash[settings_key] = _settings(
             options, shared["device"], shared["pool"], shared["core_bytes"], Path(shared["lease_dir"])
         )
+        _load_recorded(config)
         return
     device, pool, core_bytes = _resolve_device(options)
     # The core ledger lives where every worker of this session can reach it, and nowhere else.
@@ -365,10 +414,32 @@ def pytest_configure(config: pytest.Config) -> None:
             f"--results-dir={options.results_dir} is not writable ({exc.strerror or exc}); "
             "pass a directory you can write to with free space"
         ) from None
+    if options.neff_cache is not None:
+        clean_compile_cache(options.neff_cache)
+    # Rows of a killed session are merged first: --resume then counts them as done.
     recover_parts(options.results_dir)
+    _load_recorded(config)
     writer = ResultsWriter(config.stash[settings_key])
     config.stash[writer_key] = writer
     config.pluginmanager.register(writer, "neuron-support-results-writer")
+
+
+def _load_recorded(config: pytest.Config) -> None:
+    """For --resume: which models already have a row for this stack (read once per process)."""
+    if not config.stash[options_key].resume:
+        return
+    settings = config.stash[settings_key]
+    stack = settings.stack
+    recorded = {}
+    for row in read_dataset(settings.results_dir):
+        same_stack = (row.neuronx_cc, row.library, row.library_version) == (
+            stack.neuronx_cc,
+            stack.library,
+            stack.library_version,
+        )
+        if same_stack:
+            recorded[(row.model_id, row.device)] = (row.result, row.settings_hash)
+    config.stash[recorded_key] = recorded
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -412,6 +483,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
     ordered = sorted(models, key=cost, reverse=True)
     others = [item for item in items if not isinstance(item, ModelItem)]
+    shard = config.stash[options_key].shard
+    if shard is not None and shard.count > 1:
+        owner = assign([(item.nodeid, cost(item)) for item in ordered], shard.count)
+        mine = [item for item in ordered if owner[item.nodeid] == shard.index]
+        dropped = [item for item in ordered if owner[item.nodeid] != shard.index]
+        if dropped:
+            config.hook.pytest_deselected(items=dropped)
+        ordered = mine
     items[:] = ordered + others
 
 
@@ -439,6 +518,9 @@ class ModelItem(pytest.Item):
     def runtest(self) -> None:
         model = self.stash[model_key]
         settings = self.config.stash[settings_key]
+        done = self.config.stash.get(recorded_key, {}).get((model.id, settings.device.name))
+        if done is not None and done[1] == settings_hash(model, settings):
+            pytest.skip(f"resumed: {done[0]} already recorded for this stack and settings")
         row = gate(model, settings)
         plan = self.stash.get(plan_key, None)
         if row is None and plan is not None:

@@ -148,6 +148,11 @@ class Row:
     first_generate_s: float | None = field(default=None, metadata=_doc("seconds of the first generate()"))
     generate_s: float | None = field(default=None, metadata=_doc("seconds of the second (compiled) generate()"))
     reference_s: float | None = field(default=None, metadata=_doc("wall seconds of the CPU reference run"))
+    reference_cached: bool | None = field(
+        default=None, metadata=_doc("the CPU reference came from the reference cache (same key, same commit)")
+    )
+    compile_cache_hits: int | None = field(default=None, metadata=_doc("compiled graphs served from the cache"))
+    compile_cache_misses: int | None = field(default=None, metadata=_doc("compiled graphs not found in the cache"))
     peak_device_memory_bytes: int | None = field(
         default=None, metadata=_doc("peak allocator memory on the device (null on cpu)")
     )
@@ -188,6 +193,9 @@ class Row:
     runscript: str | None = field(default=None, metadata=_doc("the exact run.py that ran on the device"))
     timestamp: str = field(default="", metadata=_doc("UTC time the row was made (ISO 8601)"))
     plugin_version: str = field(default="", metadata=_doc("pytest-neuron-support version"))
+    settings_hash: str = field(
+        default="", metadata=_doc("hash of the settings that shaped the check (prompt, tokens, dtype, device, ...)")
+    )
     schema_version: int = field(default=SCHEMA_VERSION, metadata=_doc("version of this schema"))
 
     def to_json(self) -> str:

@@ -59,13 +59,12 @@ ZOO_ORG = "tiny-random"
 #: Bump when the build procedure changes in a way the data below does not capture.
 ZOO_VERSION = 1
 
-#: The prompt every models-tiny.yaml entry uses: a phrase repeated three times after a short preamble.
-#: A trained tiny model continues the repetition, so greedy decoding is decisive.
-TINY_PROMPT = (
-    "Repeat after me: the quick brown fox jumps over the lazy dog."
-    " the quick brown fox jumps over the lazy dog."
-    " the quick brown fox jumps over the lazy dog."
-)
+_PROMPT_PREAMBLE = "Repeat after me:"
+_PROMPT_SENTENCE = "the quick brown fox jumps over a lazy dog."
+
+#: The prompt every models-tiny.yaml entry uses: a sentence repeated three times after a short preamble.
+#: Every zoo model is trained to continue such repetitions, so its greedy decoding is decisive.
+TINY_PROMPT = _PROMPT_PREAMBLE + f" {_PROMPT_SENTENCE}" * 3
 
 # ----------------------------------------------------------------------------------------------------
 # Architectures
@@ -628,7 +627,7 @@ _WORDS: dict[str, tuple[str, ...]] = {
 }
 
 _EXTRA_LINES: tuple[str, ...] = (
-    "Repeat after me: the quick brown fox jumps over the lazy dog.",
+    "Repeat after me: the quick brown fox jumps over a lazy dog.",
     "Hello, how are you today? I am fine, thank you.",
     "What is the answer to the question? The answer is yes.",
     "Please write a short story about a small robot.",
@@ -639,17 +638,25 @@ _EXTRA_LINES: tuple[str, ...] = (
 # Training recipe
 # ----------------------------------------------------------------------------------------------------
 
+# Each training sequence is a preamble (one of `preambles`, or 0-8 tokens of corpus text) followed by one
+# of `sentences` training sentences repeated up to seq_len; the loss covers everything after the preamble.
+# The prompt's sentence is one of the training sentences, so the models learn to continue it (a tiny model
+# memorises the sentence cycles in ~200 steps; a general induction-head copy of *arbitrary* repeated text
+# does not form within a few hundred steps at this size).
 _TRAIN_SPEC: dict[str, Any] = {
-    "task": "copy a repeated block (loss only where the block is predictable)",
+    "task": "continue a repeated sentence",
     "seed": 1234,
-    "steps": 300,
+    "sentences": 32,
+    "sentence_seed": 7,
+    "max_sentence_tokens": 16,
+    "preambles": [_PROMPT_PREAMBLE, "Say it again:", "Listen:", "Copy this:", "Once more:"],
+    "preamble_fraction": 0.5,
+    "text_preamble_tokens": [0, 8],
+    "steps": 250,
     "batch_size": 32,
-    "seq_len": 96,
-    "block_len": [3, 24],
-    "prefix_len": [0, 12],
-    "text_block_fraction": 0.5,
+    "seq_len": 80,
     "optimizer": "AdamW",
-    "lr": 3e-3,
+    "lr": 1e-2,
     "betas": [0.9, 0.98],
     "weight_decay": 0.01,
     "warmup_steps": 20,
@@ -901,34 +908,56 @@ def _hub_config(arch: TinyArch, vocab_size: int, ids: Mapping[str, int]) -> dict
     return dict(sorted(cfg.items()))
 
 
-def _make_batch(
-    rng: random.Random, text_ids: Sequence[int], first_regular: int, vocab_size: int
-) -> tuple[list[list[int]], list[list[int]]]:
+@dataclass(frozen=True)
+class _TrainData:
+    sentences: tuple[tuple[int, ...], ...]
+    preambles: tuple[tuple[int, ...], ...]
+    text_ids: tuple[int, ...]
+
+
+def _train_data(tokenizer: PreTrainedTokenizerBase) -> _TrainData:
+    spec = _TRAIN_SPEC
+
+    def encode(text: str) -> tuple[int, ...]:
+        return tuple(int(i) for i in tokenizer(text)["input_ids"])
+
+    lines = _corpus_lines()
+    text_ids = tuple(i for line in lines for i in encode(" " + line))
+    generated = [line for line in lines[len(_EXTRA_LINES) * 20 :] if line[-1] in ".!?" and line.islower()]
+    rng = random.Random(int(spec["sentence_seed"]))
+    sentences = [encode(" " + _PROMPT_SENTENCE)]
+    seen = {_PROMPT_SENTENCE}
+    while len(sentences) < int(spec["sentences"]):
+        line = rng.choice(generated)
+        ids = encode(" " + line)
+        if line not in seen and len(ids) <= int(spec["max_sentence_tokens"]):
+            seen.add(line)
+            sentences.append(ids)
+    preambles = tuple(encode(p) for p in spec["preambles"])
+    return _TrainData(tuple(sentences), preambles, text_ids)
+
+
+def _make_batch(rng: random.Random, data: _TrainData) -> tuple[list[list[int]], list[list[int]]]:
     spec = _TRAIN_SPEC
     seq_len = int(spec["seq_len"])
-    lo, hi = spec["block_len"]
-    plo, phi = spec["prefix_len"]
+    lo, hi = spec["text_preamble_tokens"]
     inputs: list[list[int]] = []
     labels: list[list[int]] = []
-
-    def sample(n: int, text: bool) -> list[int]:
-        if text:
-            start = rng.randrange(0, len(text_ids) - n)
-            return list(text_ids[start : start + n])
-        return [rng.randrange(first_regular, vocab_size) for _ in range(n)]
-
     for _ in range(int(spec["batch_size"])):
-        text = rng.random() < float(spec["text_block_fraction"])
-        prefix = sample(rng.randint(plo, phi), text)
-        block = sample(rng.randint(lo, hi), text)
-        seq = list(prefix)
+        if rng.random() < float(spec["preamble_fraction"]):
+            preamble = list(rng.choice(data.preambles))
+        else:
+            n = rng.randint(lo, hi)
+            start = rng.randrange(0, len(data.text_ids) - n)
+            preamble = list(data.text_ids[start : start + n])
+        sentence = rng.choice(data.sentences)
+        seq = list(preamble)
         while len(seq) < seq_len:
-            seq.extend(block)
+            seq.extend(sentence)
         seq = seq[:seq_len]
-        known = len(prefix) + len(block)  # tokens from here on are copies of earlier ones
         # transformers shifts labels itself: labels[i] is the target of the logits at position i - 1
         inputs.append(seq)
-        labels.append([t if i >= known else -100 for i, t in enumerate(seq)])
+        labels.append([t if i >= len(preamble) else -100 for i, t in enumerate(seq)])
     return inputs, labels
 
 
@@ -937,21 +966,24 @@ def _quiet_transformers() -> Iterator[None]:
     from transformers.utils import logging as hf_logging
 
     previous = hf_logging.get_verbosity()
+    bars = hf_logging.is_progress_bar_enabled()
     hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
     try:
         yield
     finally:
         hf_logging.set_verbosity(previous)
+        if bars:
+            hf_logging.enable_progress_bar()
 
 
-def _train(model: PreTrainedModel, seed: int, text_ids: Sequence[int], first_regular: int) -> float:
+def _train(model: PreTrainedModel, seed: int, data: _TrainData) -> float:
     import torch
 
     spec = _TRAIN_SPEC
     steps = int(spec["steps"])
     warmup = int(spec["warmup_steps"])
     min_ratio = float(spec["min_lr_ratio"])
-    vocab_size = int(model.config.get_text_config().vocab_size)
     opt = torch.optim.AdamW(
         model.parameters(),
         lr=float(spec["lr"]),
@@ -970,7 +1002,7 @@ def _train(model: PreTrainedModel, seed: int, text_ids: Sequence[int], first_reg
     model.train()
     loss_value = float("nan")
     for _ in range(steps):
-        inputs, labels = _make_batch(rng, text_ids, first_regular, vocab_size)
+        inputs, labels = _make_batch(rng, data)
         out = model(input_ids=torch.tensor(inputs), labels=torch.tensor(labels), use_cache=False)
         loss = out.loss
         opt.zero_grad(set_to_none=True)
@@ -1051,7 +1083,7 @@ def _build_one(
     arch: TinyArch,
     tokenizer_dir: Path,
     tokenizer: PreTrainedTokenizerBase,
-    text_ids: Sequence[int],
+    data: _TrainData,
     fingerprint: str,
     out_dir: Path,
 ) -> tuple[float, float]:
@@ -1071,7 +1103,7 @@ def _build_one(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-        loss = _train(model, seed, text_ids, first_regular=len(_SPECIAL_TOKENS))
+        loss = _train(model, seed, data)
 
     enc = tokenizer(TINY_PROMPT, return_tensors="pt")
     fp32_tokens, gap = _greedy(model, enc["input_ids"], enc["attention_mask"], 32)
@@ -1139,16 +1171,14 @@ def build_zoo(
                 t0 = time.perf_counter()
                 tokenizer_dir = Path(tmp) / "tokenizer"
                 tokenizer = _build_tokenizer(tokenizer_dir)
-                text_ids: list[int] = []
-                for line in _corpus_lines():
-                    text_ids.extend(tokenizer(" " + line)["input_ids"])
+                data = _train_data(tokenizer)
                 log(f"tiny zoo: tokenizer ({len(tokenizer)} tokens) in {time.perf_counter() - t0:.1f}s")
                 for a in todo:
                     t0 = time.perf_counter()
                     out_dir = Path(tmp) / a.name
                     out_dir.mkdir()
                     with torch.inference_mode(False):
-                        loss, gap = _build_one(a, tokenizer_dir, tokenizer, text_ids, fingerprint, out_dir)
+                        loss, gap = _build_one(a, tokenizer_dir, tokenizer, data, fingerprint, out_dir)
                     install_snapshot(cache_dir, a.repo_id, out_dir)
                     log(
                         f"tiny zoo: built {a.repo_id} in {time.perf_counter() - t0:.1f}s "

@@ -172,6 +172,10 @@ def run():
     synchronize(torch)
     first_s = time.perf_counter() - start
     graphs = int(counters["stats"]["unique_graphs"])
+    cache = {
+        "hits": int(counters["inductor"]["fxgraph_cache_hit"]),
+        "misses": int(counters["inductor"]["fxgraph_cache_miss"]),
+    }
     if SPEC["compile"] and graphs == 0:
         raise NothingCompiledError(
             "generate() compiled no graph: transformers skipped compilation (it only logs "
@@ -194,11 +198,14 @@ def run():
         "prompt_tokens": n_prompt,
         "top_logprobs": top_logprobs(torch, first.logits, tokens, SPEC["top_k"]),
         "graphs_compiled": graphs,
+        "compile_cache": cache,
         "recompiles": recompiles,
         "load_s": load_s,
         "first_generate_s": first_s,
         "generate_s": second_s,
         "peak_device_memory_bytes": peak_device_memory(torch),
+        # The commit the revision resolved to: what a cached reference must match.
+        "commit": getattr(model.config, "_commit_hash", None),
         **facts,
     }
 

@@ -1,0 +1,94 @@
+"""Caches that make a rerun cheap: CPU reference results, and the device's compile cache.
+
+A reference result depends only on the checkpoint, the prompt, the token count, the dtype and
+the CPU stack, never on the device under test, so a rerun (another compiler version, another
+shard, a resumed sweep) reuses it. Entries are keyed by everything that shapes them and also
+carry the commit the revision resolved to: a moved branch is a miss, never a stale hit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from .records import Stack
+from .runscript import RunSpec
+
+#: A compiler lock older than this belongs to a compile that died.
+STALE_LOCK_S = 3600.0
+
+
+def reference_key(spec: RunSpec, stack: Stack) -> str:
+    """Cache key of a CPU reference run: model, revision, dtype, prompt, tokens, top-k, torch, transformers."""
+    parts = {
+        "model": spec.model,
+        "revision": spec.revision,
+        "task": spec.task,
+        "dtype": spec.dtype,
+        "prompt": spec.prompt,
+        "max_new_tokens": spec.max_new_tokens,
+        "top_k": spec.top_k,
+        "torch": stack.torch,
+        "transformers": stack.library_version,
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
+
+
+class ReferenceCache:
+    """CPU reference results on disk, one JSON file per key (atomic writes)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+
+    def get(self, key: str, commit: str | None) -> Mapping[str, Any] | None:
+        """The cached result for ``key``, if its commit matches the device run's."""
+        try:
+            data = json.loads((self.directory / f"{key}.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        if not data.get("ok") or data.get("commit") != commit:
+            return None
+        return dict(data)
+
+    def put(self, key: str, result: Mapping[str, Any]) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        tmp = self.directory / f".{key}.{uuid.uuid4().hex}.tmp"
+        tmp.write_text(json.dumps(result), encoding="utf-8")
+        os.replace(tmp, self.directory / f"{key}.json")
+
+
+def clean_compile_cache(directory: Path, now: float | None = None) -> list[Path]:
+    """Remove what blocks recompilation: stale lock files and entries of failed compiles.
+
+    The neuronx-cc cache keeps one ``MODULE_<hash>`` directory per graph, complete once it
+    holds ``model.done`` (older layouts: a non-empty ``model.neff``); a compile that failed or
+    died leaves the directory without either, and the next run would trip over it. [infer:
+    layout read from published NEFF caches; verify on hardware.] Returns what was removed.
+    """
+    now = time.time() if now is None else now
+    removed: list[Path] = []
+    if not directory.is_dir():
+        return removed
+    for lock in directory.rglob("*.lock"):
+        with contextlib.suppress(OSError):
+            if now - lock.stat().st_mtime > STALE_LOCK_S:
+                lock.unlink()
+                removed.append(lock)
+    for entry in directory.rglob("MODULE_*"):
+        if not entry.is_dir():
+            continue
+        neff = entry / "model.neff"
+        complete = (entry / "model.done").exists() or (neff.exists() and neff.stat().st_size > 0)
+        locked = any(entry.glob("*.lock"))
+        if not complete and not locked:
+            shutil.rmtree(entry, ignore_errors=True)
+            removed.append(entry)
+    return removed
