@@ -127,10 +127,21 @@ class ModelSpec:
 
 @dataclass(frozen=True)
 class Catalog:
-    """A parsed catalog file: its entries in file order."""
+    """A parsed catalog file: its entries in file order.
+
+    Attributes:
+        path: the file.
+        models: entries in file order.
+        judge_model: the catalog's fluency judge for sharded runs (top-level ``judge: {model,
+            revision}``), None for the default; ``--judge-model`` overrides it. A catalog of
+            tiny random models names a judge that exists offline.
+        judge_revision: its revision.
+    """
 
     path: Path
     models: tuple[ModelSpec, ...]
+    judge_model: str | None = None
+    judge_revision: str = DEFAULT_REVISION
 
 
 def load_catalog(path: Path) -> Catalog:
@@ -164,13 +175,17 @@ def parse_catalog(text: str, shown: str, path: Path | None = None) -> Catalog:
             shown, "top level must be a mapping", line=root.start_mark.line + 1, fix="start the file with 'models:'"
         )
     models_node: yaml.Node | None = None
+    judge: tuple[str | None, str] = (None, DEFAULT_REVISION)
     for key_node, value_node in root.value:
+        if key_node.value == "judge":
+            judge = _parse_judge(value_node, shown)
+            continue
         if key_node.value != "models":
             raise CatalogError(
                 shown,
                 f"unknown top-level key {key_node.value!r}",
                 line=key_node.start_mark.line + 1,
-                fix="the only top-level key is 'models'",
+                fix="top-level keys are 'models' and 'judge'",
             )
         models_node = value_node
     if models_node is None or not isinstance(models_node, yaml.SequenceNode):
@@ -194,7 +209,31 @@ def parse_catalog(text: str, shown: str, path: Path | None = None) -> Catalog:
             )
         seen[spec.id] = spec.line
         specs.append(spec)
-    return Catalog(path=path or Path(shown), models=tuple(specs))
+    return Catalog(path=path or Path(shown), models=tuple(specs), judge_model=judge[0], judge_revision=judge[1])
+
+
+def _parse_judge(node: yaml.Node, shown: str) -> tuple[str | None, str]:
+    value = _construct(node)
+    line = node.start_mark.line + 1
+    if not isinstance(value, dict) or set(value) - {"model", "revision"} or not isinstance(value.get("model"), str):
+        raise CatalogError(
+            shown,
+            "'judge' must be a mapping with 'model' (and optionally 'revision')",
+            line=line,
+            field="judge",
+            value=value,
+            fix="write 'judge: {model: org/name}'",
+        )
+    if not is_hub_id(value["model"]):
+        raise CatalogError(
+            shown, "judge model is not a Hub id", line=line, field="judge", value=value["model"], fix="use 'org/name'"
+        )
+    revision = value.get("revision", DEFAULT_REVISION)
+    if not isinstance(revision, str):
+        raise CatalogError(
+            shown, "judge revision must be a string", line=line, field="judge", value=revision, fix="quote the revision"
+        )
+    return value["model"], revision
 
 
 def _construct(node: yaml.Node) -> Any:

@@ -171,10 +171,14 @@ def gate(model: ModelSpec, settings: Settings) -> Row | None:
     return None
 
 
-def plan_model(model: ModelSpec, settings: Settings) -> Plan:
-    """The model's plan; a model that cannot be inspected runs on one core (its load will say why)."""
+def plan_model(model: ModelSpec, settings: Settings, *, local_only: bool = False) -> tuple[Plan, bool]:
+    """The model's plan, and whether the Hub proved unreachable while making it.
+
+    A model that cannot be inspected runs on its catalog core count or one core: its load
+    will then say why (a plan must not hide a missing model behind a skip).
+    """
     try:
-        shape = inspect_model(model)
+        shape = inspect_model(model, local_only=local_only)
     except PlanningError as exc:
         cores = 1 if model.cores is None else model.cores
         return Plan(
@@ -184,8 +188,8 @@ def plan_model(model: ModelSpec, settings: Settings) -> Plan:
             weight_bytes=0,
             skip=None,
             reason=f"not inspected ({exc}); running on {cores} core(s)",
-        )
-    return plan_cores(
+        ), exc.unreachable
+    plan = plan_cores(
         shape,
         dtype=model.dtype,
         core_bytes=settings.core_bytes,
@@ -193,6 +197,7 @@ def plan_model(model: ModelSpec, settings: Settings) -> Plan:
         max_cores=settings.max_cores,
         override=model.cores,
     )
+    return plan, False
 
 
 def prior_seconds(plan: Plan) -> float:

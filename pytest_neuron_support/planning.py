@@ -63,8 +63,27 @@ _KV_HEAD_KEYS: tuple[str, ...] = ("num_key_value_heads", "n_kv_heads", "num_kv_h
 _MAX_HEADER_BYTES = 100_000_000
 
 
+def _unreachable(exc: BaseException) -> bool:
+    """True when the Hub could not be reached at all (refused, no route, DNS, timeout)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        name = type(seen).__name__
+        if "Connect" in name or "Timeout" in name or isinstance(seen, ConnectionError):
+            return True
+        text = str(seen)
+        if "Connection refused" in text or "Name or service not known" in text or "Temporary failure" in text:
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
 class PlanningError(Exception):
-    """The model cannot be inspected (no config, no weights metadata); the message says what was tried."""
+    """The model cannot be inspected (no config, no weights metadata); the message says what was tried.
+
+    ``unreachable`` is True when the Hub itself could not be reached, so callers can stop asking it.
+    """
+
+    unreachable: bool = False
 
 
 @dataclass(frozen=True)
@@ -252,14 +271,15 @@ def plan_cores(
     )
 
 
-def inspect_model(model: ModelSpec) -> ModelShape:
+def inspect_model(model: ModelSpec, *, local_only: bool = False) -> ModelShape:
     """Read a model's config and parameter count without downloading any weights.
 
     Local checkpoints (``source == "local"``) are read from their directory. Hub models get
     ``config.json`` through ``hf_hub_download`` (served from the cache when offline) and their
     parameter count from, in order: the safetensors headers of shards already in the Hugging Face
     cache, then the Hub's safetensors metadata API. Raises :class:`PlanningError` naming the model
-    and everything tried when any of it is unavailable.
+    and everything tried when any of it is unavailable. ``local_only`` asks nothing of the Hub
+    (used once the Hub proved unreachable, so a sweep does not wait on retries per model).
     """
     if model.source == "local":
         directory = Path(model.id)
@@ -267,11 +287,13 @@ def inspect_model(model: ModelSpec) -> ModelShape:
         parameters = _local_parameters(directory, model)
         return _shape(model, config, parameters, "local files")
 
-    config = _read_config_file(_hub_config_path(model), model)
+    config = _read_config_file(_hub_config_path(model, local_only), model)
     tried: list[str] = []
     cached = _cached_parameters(model, tried)
     if cached is not None:
         return _shape(model, config, cached, "hub cache")
+    if local_only:
+        raise PlanningError(f"cannot inspect {_label(model)}: no parameter count; tried {'; '.join(tried)}")
     return _shape(model, config, _api_parameters(model, tried), "hub api")
 
 
@@ -445,18 +467,20 @@ def _index_shards(index: Path, model: ModelSpec) -> list[str]:
     return shards
 
 
-def _hub_config_path(model: ModelSpec) -> Path:
+def _hub_config_path(model: ModelSpec, local_only: bool = False) -> Path:
     from huggingface_hub import hf_hub_download
 
     try:
-        path = hf_hub_download(model.id, "config.json", revision=model.revision)
+        path = hf_hub_download(model.id, "config.json", revision=model.revision, local_files_only=local_only)
     # The hub raises a zoo of types here (offline and not cached, repository or revision not
     # found, gated, HTTP, OS errors); each means the same thing to the planner.
     except Exception as exc:
-        raise PlanningError(
+        error = PlanningError(
             f"cannot inspect {_label(model)}: config.json is neither in the Hugging Face cache nor "
             f"downloadable: {_brief(exc)}"
-        ) from exc
+        )
+        error.unreachable = _unreachable(exc)
+        raise error from exc
     if not isinstance(path, str):
         raise PlanningError(f"cannot inspect {_label(model)}: hf_hub_download returned no file for config.json")
     return Path(path)

@@ -7,6 +7,7 @@ fast, and the controller process never initialises a device.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -54,8 +55,8 @@ class Options:
     compile_backend: str | None
     reference_dtype: str | None
     allow_remote_code: bool
-    judge_model: str
-    judge_revision: str
+    judge_model: str | None
+    judge_revision: str | None
     parity: str
     shard: Shard | None
     resume: bool
@@ -160,9 +161,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     group.addoption(
         "--judge-model",
-        default=DEFAULT_JUDGE,
+        default=None,
         metavar="ID",
-        help=f"small instruct model that judges whether a sharded run's text is fluent (default {DEFAULT_JUDGE})",
+        help="small instruct model that judges whether a sharded run's text is fluent "
+        f"(default: the catalog's 'judge:', else {DEFAULT_JUDGE})",
     )
     group.addoption(
         "--shard",
@@ -190,7 +192,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="DIR",
         help="where CPU reference results are cached ('none' to always rerun them)",
     )
-    group.addoption("--judge-revision", default="main", metavar="REV", help="revision of --judge-model")
+    group.addoption("--judge-revision", default=None, metavar="REV", help="revision of --judge-model (default main)")
     group.addoption(
         "--parity",
         default="exact",
@@ -244,7 +246,7 @@ def parse_options(config: pytest.Config) -> Options:
         compile_backend=get("compile_backend"),
         reference_dtype=get("reference_dtype"),
         allow_remote_code=get("allow_remote_code"),
-        judge_model=_judge_model(get("judge_model")),
+        judge_model=None if get("judge_model") is None else _judge_model(get("judge_model")),
         judge_revision=get("judge_revision"),
         parity=get("parity"),
         core_memory_gib=None if memory is None else _positive_float(memory, "--core-memory-gib", "24"),
@@ -361,8 +363,8 @@ def _settings(options: Options, device: str, pool: int, core_bytes: int, lease_d
         compile_backend=options.compile_backend or kind.compile_backend,
         reference_dtype=options.reference_dtype,
         allow_remote_code=options.allow_remote_code,
-        judge_model=options.judge_model,
-        judge_revision=options.judge_revision,
+        judge_model=options.judge_model or DEFAULT_JUDGE,
+        judge_revision=options.judge_revision or "main",
         parity=options.parity,
         reference_cache=options.reference_cache,
         compile_cache=options.neff_cache,
@@ -396,6 +398,13 @@ def pytest_configure(config: pytest.Config) -> None:
     except CatalogError as exc:
         raise pytest.UsageError(str(exc)) from None
     config.stash[catalog_key] = merge_models(catalog.models, options.extra_models)
+    # The judge: --judge-model, else the catalog's 'judge:', else the default.
+    if options.judge_model is None:
+        judge = (catalog.judge_model, catalog.judge_revision) if catalog.judge_model else (DEFAULT_JUDGE, "main")
+    else:
+        judge = (options.judge_model, "main")
+    options = dataclasses.replace(options, judge_model=judge[0], judge_revision=options.judge_revision or judge[1])
+    config.stash[options_key] = options
     if _is_worker(config):
         shared = config.workerinput[WORKERINPUT_KEY]  # type: ignore[attr-defined]
         config.stash[settings_key] = _settings(
@@ -499,11 +508,16 @@ class CatalogFile(pytest.File):
 
     def collect(self) -> Iterator[pytest.Item]:
         settings = self.config.stash[settings_key]
+        local_only = False
         for model in self.config.stash[catalog_key]:
             item = ModelItem.from_parent(self, name=model.id)
             item.stash[model_key] = model
             if gate(model, settings) is None:
-                item.stash[plan_key] = plan_model(model, settings)
+                plan, unreachable = plan_model(model, settings, local_only=local_only)
+                # Once the Hub proved unreachable, plan the rest from the local cache only:
+                # otherwise every model would wait through the client's retries.
+                local_only = local_only or unreachable
+                item.stash[plan_key] = plan
             item.extra_keyword_matches.update(model.tags)
             yield item
 

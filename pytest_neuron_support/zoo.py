@@ -22,6 +22,7 @@ importing this module stays cheap.
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import math
 import os
@@ -39,7 +40,10 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
-    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+# transformers' own annotations are partial (untyped calls everywhere), so its objects are handled as Any.
+_HFModel = Any
+_HFTokenizer = Any
 
 __all__ = [
     "ARCHS",
@@ -57,7 +61,7 @@ __all__ = [
 ZOO_ORG = "tiny-random"
 
 #: Bump when the build procedure changes in a way the data below does not capture.
-ZOO_VERSION = 1
+ZOO_VERSION = 2
 
 _PROMPT_PREAMBLE = "Repeat after me:"
 _PROMPT_SENTENCE = "the quick brown fox jumps over a lazy dog."
@@ -820,6 +824,10 @@ def _installed_fingerprint(cache_dir: Path, repo_id: str) -> str | None:
 # ----------------------------------------------------------------------------------------------------
 
 
+def _transformers() -> Any:
+    return importlib.import_module("transformers")
+
+
 def _corpus_lines() -> list[str]:
     rng = random.Random(int(_TOKENIZER_SPEC["corpus_seed"]))
     w = _WORDS
@@ -854,9 +862,11 @@ def _corpus_lines() -> list[str]:
     return lines
 
 
-def _build_tokenizer(out_dir: Path) -> PreTrainedTokenizerBase:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import PreTrainedTokenizerFast
+def _build_tokenizer(out_dir: Path) -> _HFTokenizer:
+    """Train the zoo tokenizer and save it the way most Hub repos ship one: ``tokenizer.json`` plus a
+    ``tokenizer_config.json`` naming ``PreTrainedTokenizerFast``, the special tokens and the chat
+    template.  Returns it loaded back through ``AutoTokenizer``."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     tok = Tokenizer(models.BPE(unk_token=_UNK))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -865,34 +875,47 @@ def _build_tokenizer(out_dir: Path) -> PreTrainedTokenizerBase:
     trainer = trainers.BpeTrainer(
         vocab_size=int(_TOKENIZER_SPEC["vocab_size"]),
         min_frequency=int(_TOKENIZER_SPEC["min_frequency"]),
-        special_tokens=list(_SPECIAL_TOKENS),
+        special_tokens=[AddedToken(t, special=True, normalized=False) for t in _SPECIAL_TOKENS],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tok.train_from_iterator(_corpus_lines(), trainer=trainer)
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        bos_token=_BOS,
-        eos_token=_EOS,
-        pad_token=_PAD,
-        unk_token=_UNK,
-        additional_special_tokens=[_IM_START, _IM_END],
-        model_max_length=int(_TOKENIZER_SPEC["model_max_length"]),
-        clean_up_tokenization_spaces=False,
-    )
-    fast.chat_template = _CHAT_TEMPLATE
-    fast.save_pretrained(str(out_dir))
-    return fast
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tok.save(str(out_dir / "tokenizer.json"))
+    added = {
+        str(tok.token_to_id(t)): {
+            "content": t,
+            "lstrip": False,
+            "normalized": False,
+            "rstrip": False,
+            "single_word": False,
+            "special": True,
+        }
+        for t in _SPECIAL_TOKENS
+    }
+    tokenizer_config = {
+        "add_bos_token": False,
+        "add_eos_token": False,
+        "added_tokens_decoder": added,
+        "additional_special_tokens": [_IM_START, _IM_END],
+        "bos_token": _BOS,
+        "chat_template": _CHAT_TEMPLATE,
+        "clean_up_tokenization_spaces": False,
+        "eos_token": _EOS,
+        "model_max_length": int(_TOKENIZER_SPEC["model_max_length"]),
+        "pad_token": _PAD,
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "unk_token": _UNK,
+    }
+    (out_dir / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2) + "\n")
+    return _transformers().AutoTokenizer.from_pretrained(str(out_dir))
 
 
-def _token_ids(tokenizer: PreTrainedTokenizerBase) -> dict[str, int]:
-    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in _SPECIAL_TOKENS}
-    return {t: int(i) for t, i in ids.items()}
+def _token_ids(tokenizer: _HFTokenizer) -> dict[str, int]:
+    return {t: int(tokenizer.convert_tokens_to_ids(t)) for t in _SPECIAL_TOKENS}
 
 
 def _hub_config(arch: TinyArch, vocab_size: int, ids: Mapping[str, int]) -> dict[str, Any]:
-    import transformers
-
     cfg: dict[str, Any] = dict(arch.config)
     cfg.update(
         {
@@ -902,7 +925,7 @@ def _hub_config(arch: TinyArch, vocab_size: int, ids: Mapping[str, int]) -> dict
             "pad_token_id": ids[_PAD],
             "dtype": "bfloat16",
             "torch_dtype": "bfloat16",
-            "transformers_version": transformers.__version__,
+            "transformers_version": _transformers().__version__,
         }
     )
     return dict(sorted(cfg.items()))
@@ -915,7 +938,7 @@ class _TrainData:
     text_ids: tuple[int, ...]
 
 
-def _train_data(tokenizer: PreTrainedTokenizerBase) -> _TrainData:
+def _train_data(tokenizer: _HFTokenizer) -> _TrainData:
     spec = _TRAIN_SPEC
 
     def encode(text: str) -> tuple[int, ...]:
@@ -963,7 +986,7 @@ def _make_batch(rng: random.Random, data: _TrainData) -> tuple[list[list[int]], 
 
 @contextmanager
 def _quiet_transformers() -> Iterator[None]:
-    from transformers.utils import logging as hf_logging
+    hf_logging: Any = importlib.import_module("transformers.utils.logging")
 
     previous = hf_logging.get_verbosity()
     bars = hf_logging.is_progress_bar_enabled()
@@ -977,7 +1000,22 @@ def _quiet_transformers() -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
-def _train(model: PreTrainedModel, seed: int, data: _TrainData) -> float:
+@contextmanager
+def _single_thread() -> Iterator[None]:
+    """Train on one intra-op thread: at these sizes more threads barely help, collapse when the CPU is
+    shared (xdist workers, other jobs), and make the float results depend on the core count."""
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with torch.inference_mode(False):
+            yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _train(model: _HFModel, seed: int, data: _TrainData) -> float:
     import torch
 
     spec = _TRAIN_SPEC
@@ -1016,7 +1054,7 @@ def _train(model: PreTrainedModel, seed: int, data: _TrainData) -> float:
 
 
 def _greedy(
-    model: PreTrainedModel,
+    model: _HFModel,
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
     max_new_tokens: int,
@@ -1027,9 +1065,7 @@ def _greedy(
 
     kwargs: dict[str, Any] = {}
     if compile_decoding:
-        from transformers import CompileConfig
-
-        cc = CompileConfig(backend="inductor", dynamic=False, mode="default")
+        cc = _transformers().CompileConfig(backend="inductor", dynamic=False, mode="default")
         cc._compile_all_devices = True
         kwargs.update(cache_implementation="static", compile_config=cc)
     with torch.no_grad():
@@ -1082,27 +1118,27 @@ def _model_card(arch: TinyArch, fingerprint: str, loss: float, gap: float) -> st
 def _build_one(
     arch: TinyArch,
     tokenizer_dir: Path,
-    tokenizer: PreTrainedTokenizerBase,
+    tokenizer: _HFTokenizer,
     data: _TrainData,
     fingerprint: str,
     out_dir: Path,
 ) -> tuple[float, float]:
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
 
+    tf = _transformers()
     ids = _token_ids(tokenizer)
     vocab_size = len(tokenizer)
     hub_cfg = _hub_config(arch, vocab_size, ids)
     cfg_dir = out_dir / "_cfg"
     cfg_dir.mkdir(parents=True)
     (cfg_dir / "config.json").write_text(json.dumps(hub_cfg, indent=2) + "\n")
-    config = AutoConfig.from_pretrained(str(cfg_dir))  # the same parsing path a Hub download takes
+    config = tf.AutoConfig.from_pretrained(str(cfg_dir))  # the same parsing path a Hub download takes
     shutil.rmtree(cfg_dir)
 
     seed = _arch_seed(arch)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        model = tf.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
         loss = _train(model, seed, data)
 
     enc = tokenizer(TINY_PROMPT, return_tensors="pt")
@@ -1120,14 +1156,12 @@ def _build_one(
     # Config exactly as the source repo spells it (legacy field names included), not transformers'
     # re-serialisation, so loading exercises the same config parsing as the real checkpoint.
     (out_dir / "config.json").write_text(json.dumps(hub_cfg, indent=2) + "\n")
-    import transformers
-
     gen_cfg = {
         "bos_token_id": ids[_BOS],
         "do_sample": False,
         "eos_token_id": [ids[_EOS], ids[_IM_END]],
         "pad_token_id": ids[_PAD],
-        "transformers_version": transformers.__version__,
+        "transformers_version": tf.__version__,
     }
     (out_dir / "generation_config.json").write_text(json.dumps(gen_cfg, indent=2) + "\n")
     for f in tokenizer_dir.iterdir():
@@ -1165,9 +1199,7 @@ def build_zoo(
             if a not in todo:
                 log(f"tiny zoo: {a.repo_id} already installed (fingerprint {fingerprint}), skipping")
         if todo:
-            import torch
-
-            with _quiet_transformers(), tempfile.TemporaryDirectory(prefix="tiny-zoo-") as tmp:
+            with _quiet_transformers(), _single_thread(), tempfile.TemporaryDirectory(prefix="tiny-zoo-") as tmp:
                 t0 = time.perf_counter()
                 tokenizer_dir = Path(tmp) / "tokenizer"
                 tokenizer = _build_tokenizer(tokenizer_dir)
@@ -1177,8 +1209,7 @@ def build_zoo(
                     t0 = time.perf_counter()
                     out_dir = Path(tmp) / a.name
                     out_dir.mkdir()
-                    with torch.inference_mode(False):
-                        loss, gap = _build_one(a, tokenizer_dir, tokenizer, data, fingerprint, out_dir)
+                    loss, gap = _build_one(a, tokenizer_dir, tokenizer, data, fingerprint, out_dir)
                     install_snapshot(cache_dir, a.repo_id, out_dir)
                     log(
                         f"tiny zoo: built {a.repo_id} in {time.perf_counter() - t0:.1f}s "
@@ -1205,6 +1236,8 @@ class DecisiveReport:
         min_top2_gap: smallest top-1 minus top-2 logit over all decoded positions, over the fp32 and the
             bf16 eager runs.
         text: the fp32 continuation, decoded.
+        compiled_graphs: graphs torch.compile captured during the compiled run (0 would mean generate
+            silently fell back to eager decoding).
     """
 
     repo_id: str
@@ -1213,6 +1246,7 @@ class DecisiveReport:
     identical: bool
     min_top2_gap: float
     text: str
+    compiled_graphs: int
 
 
 def check_decisive(
@@ -1222,20 +1256,23 @@ def check_decisive(
     tokens of ``prompt`` in fp32 eager, bf16 eager and bf16 with compiled (static cache, inductor)
     decoding.  Resets torch._dynamo before compiling."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    tf = _transformers()
     load = {"cache_dir": str(cache_dir), "local_files_only": True}
-    tokenizer = AutoTokenizer.from_pretrained(repo_id, **load)
+    tokenizer = tf.AutoTokenizer.from_pretrained(repo_id, **load)
     enc = tokenizer(prompt, return_tensors="pt")
     ids, mask = enc["input_ids"], enc["attention_mask"]
     tokens: dict[str, tuple[int, ...]] = {}
     with _quiet_transformers():
-        model = AutoModelForCausalLM.from_pretrained(repo_id, dtype=torch.float32, **load).eval()
+        model = tf.AutoModelForCausalLM.from_pretrained(repo_id, dtype=torch.float32, **load).eval()
         tokens["fp32_eager"], gap32 = _greedy(model, ids, mask, max_new_tokens)
-        model = AutoModelForCausalLM.from_pretrained(repo_id, dtype=torch.bfloat16, **load).eval()
+        model = tf.AutoModelForCausalLM.from_pretrained(repo_id, dtype=torch.bfloat16, **load).eval()
         tokens["bf16_eager"], gap16 = _greedy(model, ids, mask, max_new_tokens)
         torch._dynamo.reset()
+        counters = torch._dynamo.utils.counters
+        counters.clear()
         tokens["bf16_compiled"], _ = _greedy(model, ids, mask, max_new_tokens, compile_decoding=True)
+        graphs = int(counters["stats"]["unique_graphs"])
         torch._dynamo.reset()
     reference = tokens["fp32_eager"]
     return DecisiveReport(
@@ -1245,4 +1282,5 @@ def check_decisive(
         identical=all(t == reference for t in tokens.values()),
         min_top2_gap=min(gap32, gap16),
         text=str(tokenizer.decode(list(reference))),
+        compiled_graphs=graphs,
     )

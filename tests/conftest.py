@@ -6,10 +6,16 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+import huggingface_hub  # noqa: F401  (first: its constants are read at import, see below)
 import pytest
 from filelock import FileLock
 
 from pytest_neuron_support import zoo
+
+# huggingface_hub reads HF_HUB_OFFLINE once, at import: this process stays online (the Hub API
+# tests talk to a loopback server), while every subprocess (pytester runs, run.py) is offline,
+# so a model missing from the cache fails at once instead of retrying DNS for minutes.
+os.environ["HF_HUB_OFFLINE"] = "1"
 
 pytest_plugins = ["pytester"]
 

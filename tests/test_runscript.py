@@ -41,7 +41,7 @@ def test_rendered_script_is_valid_python_with_everything_written_in() -> None:
     device = written["device"]
     assert isinstance(device, dict)
     assert device["device_map"] == "neuron" and device["compile_backend"] == "neuron"
-    assert device["env"] == {"TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION": "1"}
+    assert device["env"] == {"TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION": "1", "TORCH_NEURONX_LOG_LEVEL": "2"}
     assert '"""Does org/name run on neuron?' in source
 
 

@@ -1,0 +1,83 @@
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from pytest_neuron_support.caches import ReferenceCache, clean_compile_cache, reference_key
+from pytest_neuron_support.devices import DEVICES
+from pytest_neuron_support.records import current_stack
+from pytest_neuron_support.runscript import RunSpec
+from pytest_neuron_support.sharding import Shard, ShardError, assign, parse_shard, shard_from_env
+
+
+def test_parse_shard() -> None:
+    assert parse_shard("1/4") == Shard(1, 4, "--shard")
+    for bad in ("4/4", "a/b", "1", "-1/2", "0/0"):
+        with pytest.raises(ShardError, match="--shard"):
+            parse_shard(bad)
+
+
+def test_shard_from_scheduler_environments() -> None:
+    assert shard_from_env({}) is None
+    slurm = {"SLURM_ARRAY_TASK_ID": "3", "SLURM_ARRAY_TASK_COUNT": "3", "SLURM_ARRAY_TASK_MIN": "1"}
+    assert shard_from_env(slurm) == Shard(2, 3, "SLURM_ARRAY_TASK_ID")
+    k8s = {"JOB_COMPLETION_INDEX": "0", "NEURON_SUPPORT_SHARDS": "2"}
+    assert shard_from_env(k8s) == Shard(0, 2, "JOB_COMPLETION_INDEX")
+    with pytest.raises(ShardError, match="NEURON_SUPPORT_SHARDS"):
+        shard_from_env({"JOB_COMPLETION_INDEX": "0"})
+
+
+def test_assignment_covers_every_item_once_and_balances_cost() -> None:
+    costs = [(f"m{i}", float(c)) for i, c in enumerate([100, 90, 50, 40, 30, 20, 10, 5, 5, 1])]
+    owner = assign(costs, 3)
+    assert set(owner) == {name for name, _ in costs}
+    loads = [sum(c for n, c in costs if owner[n] == s) for s in range(3)]
+    assert max(loads) - min(loads) <= 30  # LPT: within the largest remaining item
+    assert assign(list(reversed(costs)), 3) == owner  # input order does not matter
+
+
+def spec(prompt: str = "p") -> RunSpec:
+    return RunSpec(
+        model="org/m",
+        revision="main",
+        task="text-generation",
+        dtype="bfloat16",
+        prompt=prompt,
+        max_new_tokens=32,
+        device=DEVICES["cpu"],
+        compile=False,
+        compile_backend="inductor",
+    )
+
+
+def test_reference_cache_is_keyed_by_settings_and_checked_against_the_commit(tmp_path: Path) -> None:
+    stack = current_stack()
+    cache = ReferenceCache(tmp_path)
+    key = reference_key(spec(), stack)
+    assert key != reference_key(spec("other prompt"), stack)
+    assert cache.get(key, "abc") is None
+    cache.put(key, {"ok": True, "tokens": [1, 2], "commit": "abc"})
+    assert cache.get(key, "abc") == {"ok": True, "tokens": [1, 2], "commit": "abc"}
+    assert cache.get(key, "def") is None  # the branch moved: not a hit
+
+
+def test_compile_cache_cleaning_removes_failed_entries_and_stale_locks(tmp_path: Path) -> None:
+    version = tmp_path / "neuronxcc-2.21.0"
+    done = version / "MODULE_1+a"
+    failed = version / "MODULE_2+a"
+    busy = version / "MODULE_3+a"
+    for entry in (done, failed, busy):
+        entry.mkdir(parents=True)
+    (done / "model.done").touch()
+    (done / "model.neff").write_bytes(b"neff")
+    (failed / "model.log").write_text("ERROR: compilation failed")
+    (busy / "model.hlo_module.pb.lock").touch()  # a live compile holds it
+    stale = version / "old.lock"
+    stale.touch()
+    os.utime(stale, (time.time() - 7200, time.time() - 7200))
+    removed = clean_compile_cache(tmp_path)
+    assert set(removed) == {failed, stale}
+    assert done.exists() and busy.exists() and not failed.exists()

@@ -1,0 +1,338 @@
+"""The tiny zoo: Hub-cache layout, offline loading, decisiveness, fingerprint, rebuild skipping.
+
+Real models, no mocks. The zoo itself is built once per machine by the session fixture
+``tiny_zoo_cache`` (tests/conftest.py): a Hub cache under ``~/.cache/neuron-support/zoo-<fingerprint>``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from pytest_neuron_support import zoo
+
+REPO = Path(__file__).resolve().parent.parent
+REQUIRED = {"qwen3", "qwen2", "llama", "mistral", "gemma3_text", "phi3", "gpt2", "qwen3_moe", "mixtral"}
+ARCH_IDS = [a.name for a in zoo.ARCHS]
+
+
+def _clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING_FACE", "TRANSFORMERS_"))}
+    env.update(extra)
+    return env
+
+
+def _run_python(code: str, env: dict[str, str], timeout: float = 600) -> str:
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=timeout, cwd=REPO
+    )
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-6000:]}"
+    return proc.stdout
+
+
+# --------------------------------------------------------------------------------------------------
+# Definition (no torch needed)
+# --------------------------------------------------------------------------------------------------
+
+
+def test_import_is_cheap() -> None:
+    out = _run_python(
+        "import sys, pytest_neuron_support.zoo as z; "
+        "print(sorted(m for m in ('torch', 'transformers', 'tokenizers', 'safetensors') if m in sys.modules))",
+        _clean_env(),
+    )
+    assert out.strip() == "[]"
+
+
+def test_archs_keep_real_fields_and_shrink_sizes() -> None:
+    names = [a.name for a in zoo.ARCHS]
+    assert len(names) == len(set(names)) >= 10
+    assert set(names) >= REQUIRED
+    for arch in zoo.ARCHS:
+        cfg = arch.config
+        assert arch.repo_id == f"{zoo.ZOO_ORG}/{arch.name}"
+        assert cfg["model_type"] == arch.model_type
+        assert "/" in arch.source and cfg["architectures"]
+        assert arch.tags in (("dense",), ("moe",))
+        assert "vocab_size" not in cfg  # filled in from the tokenizer at build time
+        hidden = cfg.get("hidden_size", cfg.get("n_embd"))
+        heads = cfg.get("num_attention_heads", cfg.get("n_head"))
+        kv_heads = cfg.get("num_key_value_heads", heads)
+        assert hidden == 64 and heads == 4 and kv_heads % 2 == 0 and heads % kv_heads == 0
+        assert cfg.get("num_hidden_layers", cfg.get("n_layer")) == 2
+    by_name = {a.name: a for a in zoo.ARCHS}
+    assert by_name["qwen3_moe"].config["num_experts"] == 4 and "moe" in by_name["qwen3_moe"].tags
+    assert by_name["mixtral"].config["num_local_experts"] == 4 and "moe" in by_name["mixtral"].tags
+    assert by_name["gemma3_text"].config["layer_types"] == ["sliding_attention", "full_attention"]
+    assert by_name["llama"].config["rope_scaling"]["rope_type"] == "llama3"
+    assert by_name["phi3"].config["rope_scaling"]["type"] == "longrope"
+
+
+def test_models_tiny_yaml_lists_the_zoo_with_the_zoo_prompt() -> None:
+    data = yaml.safe_load((REPO / "models-tiny.yaml").read_text())
+    assert list(data) == ["models"]
+    entries = data["models"]
+    assert [e["id"] for e in entries] == [a.repo_id for a in zoo.ARCHS]
+    for entry, arch in zip(entries, zoo.ARCHS, strict=True):
+        assert set(entry) == {"id", "task", "prompt", "tags"}
+        assert entry["task"] == "text-generation"
+        assert entry["prompt"] == zoo.TINY_PROMPT
+        assert entry["tags"] == [arch.name, *arch.tags]
+
+
+def test_fingerprint_is_stable_across_processes() -> None:
+    fp = zoo.zoo_fingerprint()
+    assert len(fp) == 16 and int(fp, 16) >= 0
+    code = "from pytest_neuron_support import zoo; print(zoo.zoo_fingerprint())"
+    for seed in ("0", "12345"):
+        assert _run_python(code, _clean_env(PYTHONHASHSEED=seed)).strip() == fp
+
+
+def test_fingerprint_changes_with_the_definition(monkeypatch: pytest.MonkeyPatch) -> None:
+    base = zoo.zoo_fingerprint()
+    first = zoo.ARCHS[0]
+    changed = zoo.TinyArch(
+        name=first.name,
+        model_type=first.model_type,
+        source=first.source,
+        config={**first.config, "rms_norm_eps": 1e-5},
+        tags=first.tags,
+    )
+    monkeypatch.setattr(zoo, "ARCHS", (changed, *zoo.ARCHS[1:]))
+    assert zoo.zoo_fingerprint() != base
+    monkeypatch.undo()
+    assert zoo.zoo_fingerprint() == base
+    monkeypatch.setitem(zoo._TRAIN_SPEC, "steps", int(zoo._TRAIN_SPEC["steps"]) + 1)
+    assert zoo.zoo_fingerprint() != base
+    monkeypatch.undo()
+    monkeypatch.setattr(zoo, "TINY_PROMPT", zoo.TINY_PROMPT + " again")
+    assert zoo.zoo_fingerprint() != base
+
+
+def test_unknown_architecture_is_rejected(tmp_path: Path) -> None:
+    with pytest.raises(KeyError, match="unknown tiny-zoo architecture"):
+        zoo.build_zoo(tmp_path, ["no-such-arch"])
+
+
+# --------------------------------------------------------------------------------------------------
+# Hub cache layout (real huggingface_hub, no models)
+# --------------------------------------------------------------------------------------------------
+
+
+def _write_files(root: Path, files: dict[str, bytes]) -> Path:
+    for rel, content in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(content)
+    return root
+
+
+def test_install_snapshot_uses_the_hub_cache_layout(tmp_path: Path) -> None:
+    from huggingface_hub import scan_cache_dir, snapshot_download, try_to_load_from_cache
+
+    files = {"config.json": b'{"model_type": "llama"}\n', "model.safetensors": b"\0" * 64, "sub/a.txt": b"a"}
+    src = _write_files(tmp_path / "files", files)
+    cache = tmp_path / "hub"
+    snapshot = zoo.install_snapshot(cache, "tiny-broken/example", src)
+
+    repo = cache / "models--tiny-broken--example"
+    commit = (repo / "refs" / "main").read_text()
+    assert len(commit) == 40 and int(commit, 16) >= 0
+    assert snapshot == repo / "snapshots" / commit
+    for rel, content in files.items():
+        link = snapshot / rel
+        assert link.is_symlink() and not os.path.isabs(os.readlink(link))
+        assert link.resolve().parent == (repo / "blobs").resolve()
+        assert link.read_bytes() == content
+    # etags as the Hub names them: sha256 for LFS weight files, git blob sha1 for the rest
+    assert (snapshot / "model.safetensors").resolve().name == hashlib.sha256(files["model.safetensors"]).hexdigest()
+    git_sha1 = hashlib.sha1(b"blob %d\0" % len(files["config.json"]) + files["config.json"]).hexdigest()
+    assert (snapshot / "config.json").resolve().name == git_sha1
+
+    # real huggingface_hub resolves it offline
+    assert Path(snapshot_download("tiny-broken/example", cache_dir=cache, local_files_only=True)) == snapshot
+    found = try_to_load_from_cache("tiny-broken/example", "sub/a.txt", cache_dir=cache)
+    assert isinstance(found, str) and Path(found) == snapshot / "sub/a.txt"
+    info = scan_cache_dir(cache)
+    assert not info.warnings
+    (cached,) = info.repos
+    assert cached.repo_id == "tiny-broken/example" and cached.refs["main"].commit_hash == commit
+    assert zoo.installed(cache, "tiny-broken/example")
+
+    # deterministic: same content -> same commit (in any cache); new content -> new commit, ref moves
+    assert zoo.install_snapshot(tmp_path / "other", "tiny-broken/example", src).name == commit
+    assert zoo.install_snapshot(cache, "tiny-broken/example", src) == snapshot
+    (src / "sub" / "a.txt").write_bytes(b"b")
+    newer = zoo.install_snapshot(cache, "tiny-broken/example", src)
+    assert newer.name != commit and (repo / "refs" / "main").read_text() == newer.name
+    assert Path(snapshot_download("tiny-broken/example", cache_dir=cache, local_files_only=True)) == newer
+
+
+def test_installed_detects_missing_and_dangling(tmp_path: Path) -> None:
+    assert not zoo.installed(tmp_path, "tiny-random/nothing")
+    snapshot = zoo.install_snapshot(tmp_path, "tiny-random/x", _write_files(tmp_path / "f", {"a.json": b"{}"}))
+    assert zoo.installed(tmp_path, "tiny-random/x")
+    snapshot.joinpath("a.json").resolve().unlink()
+    assert not zoo.installed(tmp_path, "tiny-random/x")
+    with pytest.raises(ValueError):
+        zoo.installed(tmp_path, "not-a-repo-id")
+
+
+# --------------------------------------------------------------------------------------------------
+# The built zoo (real checkpoints)
+# --------------------------------------------------------------------------------------------------
+
+_EXPECTED_FILES = {
+    "README.md",
+    "config.json",
+    "generation_config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+}
+
+
+def test_zoo_resolves_through_huggingface_hub(tiny_zoo_cache: Path) -> None:
+    from huggingface_hub import scan_cache_dir, snapshot_download, try_to_load_from_cache
+    from safetensors import safe_open
+
+    for arch in zoo.ARCHS:
+        assert zoo.installed(tiny_zoo_cache, arch.repo_id)
+        snapshot = Path(snapshot_download(arch.repo_id, cache_dir=tiny_zoo_cache, local_files_only=True))
+        names = {p.name for p in snapshot.iterdir()}
+        assert names >= _EXPECTED_FILES, names
+        assert try_to_load_from_cache(arch.repo_id, "config.json", cache_dir=tiny_zoo_cache) == str(
+            snapshot / "config.json"
+        )
+        config = json.loads((snapshot / "config.json").read_text())
+        assert config["model_type"] == arch.model_type
+        assert config["torch_dtype"] == config["dtype"] == "bfloat16"
+        assert {k: config[k] for k in arch.config} == dict(arch.config)
+        gen = json.loads((snapshot / "generation_config.json").read_text())
+        assert gen["do_sample"] is False and config["eos_token_id"] in gen["eos_token_id"]
+        with safe_open(str(snapshot / "model.safetensors"), "pt") as fh:
+            dtypes = {fh.get_slice(k).get_dtype() for k in fh.keys()}  # noqa: SIM118
+        assert dtypes == {"BF16"}
+        card = (snapshot / "README.md").read_text()
+        assert f"tiny_zoo_fingerprint: {zoo.zoo_fingerprint()}" in card and arch.source in card
+    assert not scan_cache_dir(tiny_zoo_cache).warnings
+
+
+_LOAD_ALL = r"""
+import json, sys, torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+out = {}
+for repo in sys.argv[1:]:
+    tok = AutoTokenizer.from_pretrained(repo)
+    model, info = AutoModelForCausalLM.from_pretrained(repo, dtype="auto", output_loading_info=True)
+    ids = tok("Repeat after me: the quick brown fox", return_tensors="pt")
+    with torch.no_grad():
+        logits = model(**ids).logits
+    chat = tok.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False)
+    c = model.config
+    out[repo] = {
+        "model_type": c.model_type,
+        "class": type(model).__name__,
+        "dtype": str(model.dtype),
+        "finite": bool(torch.isfinite(logits).all()),
+        "vocab": [c.get_text_config().vocab_size, len(tok), logits.shape[-1]],
+        "special": [tok.bos_token_id, tok.eos_token_id, tok.pad_token_id, c.eos_token_id, c.pad_token_id],
+        "missing": sorted(info["missing_keys"]),
+        "unexpected": sorted(info["unexpected_keys"]),
+        "mismatched": [str(m) for m in info["mismatched_keys"]],
+        "chat": chat,
+        "rope": getattr(c, "rope_parameters", None),
+        "layer_types": getattr(c, "layer_types", None),
+        "sliding_window": getattr(c, "sliding_window", None),
+        "no_rope_layers": getattr(c, "no_rope_layers", None),
+        "experts": getattr(c, "num_experts", None) or getattr(c, "num_local_experts", None),
+        "partial_rotary_factor": getattr(c, "partial_rotary_factor", None),
+    }
+print("RESULT " + json.dumps(out, default=str))
+"""
+
+
+def test_every_arch_loads_offline_through_the_hub_code_path(tiny_zoo_cache: Path, tmp_path: Path) -> None:
+    # A subprocess, because huggingface_hub reads HF_HUB_CACHE / HF_HUB_OFFLINE once, at import.
+    env = _clean_env(HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(tiny_zoo_cache), HF_HOME=str(tmp_path / "hf-home"))
+    proc = subprocess.run(
+        [sys.executable, "-c", _LOAD_ALL, *(a.repo_id for a in zoo.ARCHS)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    (line,) = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    results: dict[str, dict[str, Any]] = json.loads(line[len("RESULT ") :])
+    for arch in zoo.ARCHS:
+        r = results[arch.repo_id]
+        assert r["model_type"] == arch.model_type
+        assert r["class"] == arch.config["architectures"][0]
+        assert r["dtype"] == "torch.bfloat16"
+        assert r["finite"]
+        assert len(set(r["vocab"])) == 1, r["vocab"]
+        bos, eos, pad, cfg_eos, cfg_pad = r["special"]
+        assert eos == cfg_eos and pad == cfg_pad and None not in (bos, eos, pad)
+        assert not r["missing"] and not r["unexpected"] and not r["mismatched"], r
+        assert r["chat"].endswith("<|im_start|>assistant\n")
+    # behaviour-defining fields survive the Hub config format round trip
+    gemma = results["tiny-random/gemma3_text"]
+    assert gemma["layer_types"] == ["sliding_attention", "full_attention"] and gemma["sliding_window"] == 32
+    assert gemma["rope"]["sliding_attention"]["rope_theta"] == 10000.0
+    assert gemma["rope"]["full_attention"]["rope_theta"] == 1000000.0
+    assert results["tiny-random/llama"]["rope"]["rope_type"] == "llama3"
+    assert results["tiny-random/phi3"]["rope"]["rope_type"] == "longrope"
+    assert results["tiny-random/phi3"]["partial_rotary_factor"] == 0.75
+    assert results["tiny-random/smollm3"]["no_rope_layers"] == [1, 0]
+    assert results["tiny-random/qwen3_moe"]["experts"] == 4
+    assert results["tiny-random/mixtral"]["experts"] == 4
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ARCH_IDS)
+def test_decisive_in_fp32_bf16_and_compiled(
+    tiny_zoo_cache: Path, name: str, record_property: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    arch = next(a for a in zoo.ARCHS if a.name == name)
+    t0 = time.perf_counter()
+    report = zoo.check_decisive(tiny_zoo_cache, arch.repo_id)
+    elapsed = time.perf_counter() - t0
+    record_property("min_top2_gap", report.min_top2_gap)
+    with capsys.disabled():
+        print(f"\n{arch.repo_id}: min top-2 gap {report.min_top2_gap:.2f}, {elapsed:.0f}s, {report.text!r}")
+    assert set(report.tokens) == {"fp32_eager", "bf16_eager", "bf16_compiled"}
+    assert all(len(t) == 32 for t in report.tokens.values())
+    assert report.identical, report.tokens
+    assert report.compiled_graphs >= 1
+    assert report.min_top2_gap >= 2.0
+    assert report.text.startswith(" the quick brown fox jumps over a lazy dog.")
+
+
+def test_rebuild_is_skipped_when_installed(tiny_zoo_cache: Path) -> None:
+    refs = {a.repo_id: (tiny_zoo_cache / f"models--{zoo.ZOO_ORG}--{a.name}" / "refs" / "main") for a in zoo.ARCHS}
+    before = {repo: (ref.read_text(), ref.stat().st_mtime_ns) for repo, ref in refs.items()}
+    logs: list[str] = []
+    t0 = time.perf_counter()
+    assert zoo.build_zoo(tiny_zoo_cache, log=logs.append) == [a.repo_id for a in zoo.ARCHS]
+    assert time.perf_counter() - t0 < 5
+    assert len(logs) == len(zoo.ARCHS) and all("skipping" in line for line in logs)
+    assert {repo: (ref.read_text(), ref.stat().st_mtime_ns) for repo, ref in refs.items()} == before
+
+
+@pytest.mark.slow
+def test_build_is_deterministic(tiny_zoo_cache: Path, tmp_path: Path) -> None:
+    logs: list[str] = []
+    assert zoo.build_zoo(tmp_path, ["qwen3"], log=logs.append) == ["tiny-random/qwen3"]
+    assert any("built tiny-random/qwen3" in line for line in logs)
+    ref = Path("models--tiny-random--qwen3") / "refs" / "main"
+    assert (tmp_path / ref).read_text() == (tiny_zoo_cache / ref).read_text()
