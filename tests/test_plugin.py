@@ -65,7 +65,9 @@ def test_models_file_option_selects_another_catalog(pytester: pytest.Pytester) -
 
 def test_model_option_adds_models(pytester: pytest.Pytester) -> None:
     pytester.makefile(".yaml", models=CATALOG)
-    result = pytester.runpytest_subprocess("--device=cpu", "--model=me/extra", "--model=org/remote", "--collect-only", "-q")
+    result = pytester.runpytest_subprocess(
+        "--device=cpu", "--model=me/extra", "--model=org/remote", "--collect-only", "-q"
+    )
     result.stdout.fnmatch_lines(["*::me/extra", "*4 tests collected*"])
 
 
@@ -120,5 +122,7 @@ def test_plain_test_runs_are_untouched(pytester: pytest.Pytester) -> None:
 
 def test_repo_catalogs_collect(pytester: pytest.Pytester) -> None:
     repo = Path(__file__).resolve().parent.parent
-    result = pytester.runpytest_subprocess("--device=cpu", f"--models-file={repo / 'models.yaml'}", "--collect-only", "-q")
+    result = pytester.runpytest_subprocess(
+        "--device=cpu", f"--models-file={repo / 'models.yaml'}", "--collect-only", "-q"
+    )
     result.stdout.fnmatch_lines(["*::Qwen/Qwen3-8B", "* tests collected*"])
