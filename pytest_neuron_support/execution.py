@@ -12,11 +12,12 @@ import contextlib
 import json
 import os
 import re
+import resource
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -75,6 +76,13 @@ def _kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
 
 
+def _address_space_limit(nbytes: int) -> Callable[[], None]:
+    def apply() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (nbytes, nbytes))
+
+    return apply
+
+
 def group_alive(pgid: int) -> bool:
     """True while any process of group ``pgid`` exists (zombies included)."""
     try:
@@ -94,8 +102,14 @@ def run_script(
     timeout: float,
     log_path: Path,
     python: str = sys.executable,
+    memory_limit: int | None = None,
 ) -> ProcessOutcome:
-    """Run ``python script --out out`` in a new session and wait at most ``timeout`` seconds."""
+    """Run ``python script --out out`` in a new session and wait at most ``timeout`` seconds.
+
+    ``memory_limit`` caps the child's address space (bytes): a model that would exhaust the
+    host fails alone, with a MemoryError row, instead of inviting the kernel's OOM killer.
+    """
+    limit = None if memory_limit is None else _address_space_limit(memory_limit)
     with contextlib.suppress(FileNotFoundError):
         out.unlink()
     start = time.monotonic()
@@ -108,6 +122,7 @@ def run_script(
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group: killable as a whole
+            preexec_fn=limit,
         )
         timed_out = False
         try:

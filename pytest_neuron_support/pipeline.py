@@ -56,6 +56,7 @@ class Settings:
         reference_cache: directory of cached CPU reference results, None to always rerun them.
         compile_cache: directory for the device's compile cache (NEFF cache on neuron, inductor's
             FX graph cache elsewhere), None to leave the environment's choice.
+        host_memory_limit: address-space cap (bytes) of every run.py process, None for none.
     """
 
     device: DeviceKind
@@ -77,6 +78,7 @@ class Settings:
     parity: str = "exact"
     reference_cache: Path | None = None
     compile_cache: Path | None = None
+    host_memory_limit: int | None = None
 
 
 def slug(model_id: str) -> str:
@@ -249,12 +251,19 @@ def run_spec(
     )
 
 
-def _execute(spec: RunSpec, directory: Path, env: Mapping[str, str], timeout: float) -> tuple[str, ProcessOutcome]:
+def _execute(spec: RunSpec, directory: Path, env: Mapping[str, str], settings: Settings) -> tuple[str, ProcessOutcome]:
     directory.mkdir(parents=True, exist_ok=True)
     source = render(spec)
     script = directory / "run.py"
     script.write_text(source, encoding="utf-8")
-    outcome = run_script(script, directory / "result.json", env=env, timeout=timeout, log_path=directory / "log.txt")
+    outcome = run_script(
+        script,
+        directory / "result.json",
+        env=env,
+        timeout=settings.model_timeout,
+        log_path=directory / "log.txt",
+        memory_limit=settings.host_memory_limit,
+    )
     return source, outcome
 
 
@@ -328,7 +337,7 @@ def run_model(
     if settings.compile_cache is not None:
         device_env[settings.device.compile_cache_env] = str(settings.compile_cache)
     spec = run_spec(model, settings, device=settings.device, reference=False, post_load=post_load, plan=plan)
-    source, outcome = _execute(spec, workdir / "device", device_env, settings.model_timeout)
+    source, outcome = _execute(spec, workdir / "device", device_env, settings)
     row = replace(row, runscript=source, run_s=round(outcome.wall_s, 3))
     result = outcome.result
     if result is not None:
@@ -375,7 +384,7 @@ def _reference(
         row = replace(row, reference_dtype=ref_spec.dtype, reference_s=0.0, reference_cached=True)
     else:
         cpu_env = {k: v for k, v in environ.items() if k not in _PIN_VARS}
-        _, ref = _execute(ref_spec, workdir / "reference", cpu_env, settings.model_timeout)
+        _, ref = _execute(ref_spec, workdir / "reference", cpu_env, settings)
         row = replace(row, reference_dtype=ref_spec.dtype, reference_s=round(ref.wall_s, 3), reference_cached=False)
         if ref.result is None or not ref.result.get("ok"):
             status, _, error = _failure(ref, "CPU reference run.py")

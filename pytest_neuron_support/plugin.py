@@ -13,7 +13,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,7 @@ from .checks import DEFAULT_JUDGE, PARITY_MODES
 from .cores import CorePool
 from .dataset import PartWriter, check_writable, expected_seconds_from_dataset, read_dataset, recover_parts
 from .devices import AUTO_ORDER, DEVICES, probe
-from .pipeline import Settings, gate, plan_model, planned_row, prior_seconds, run_model, settings_hash, slug
+from .pipeline import Settings, base_row, gate, plan_model, planned_row, prior_seconds, run_model, settings_hash, slug
 from .planning import CORE_CHOICES, DEFAULT_HEADROOM, DEFAULT_MAX_CORES, Plan
 from .records import Row, current_stack
 from .sharding import Shard, ShardError, assign, parse_shard, shard_from_env
@@ -62,6 +62,7 @@ class Options:
     resume: bool
     neff_cache: Path | None
     reference_cache: Path | None
+    host_memory_gib: float | None
     core_memory_gib: float | None
     memory_headroom: float
     max_cores: int
@@ -180,6 +181,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="skip models that already have a row for this stack and the same settings",
     )
     group.addoption(
+        "--host-memory-gib",
+        default=None,
+        metavar="GIB",
+        help="cap each run.py's address space (host memory exhaustion becomes that model's ERROR row)",
+    )
+    group.addoption(
         "--neff-cache",
         default=None,
         metavar="DIR",
@@ -256,6 +263,9 @@ def parse_options(config: pytest.Config) -> Options:
         resume=get("resume"),
         neff_cache=None if get("neff_cache") is None else Path(get("neff_cache")).resolve(),
         reference_cache=None if get("reference_cache") == "none" else Path(get("reference_cache")).expanduser(),
+        host_memory_gib=None
+        if get("host_memory_gib") is None
+        else _positive_float(get("host_memory_gib"), "--host-memory-gib", "64"),
     )
 
 
@@ -368,6 +378,7 @@ def _settings(options: Options, device: str, pool: int, core_bytes: int, lease_d
         parity=options.parity,
         reference_cache=options.reference_cache,
         compile_cache=options.neff_cache,
+        host_memory_limit=None if options.host_memory_gib is None else int(options.host_memory_gib * (1 << 30)),
         stack=current_stack(),
         core_bytes=core_bytes,
         headroom=options.memory_headroom,
@@ -428,7 +439,7 @@ def pytest_configure(config: pytest.Config) -> None:
     # Rows of a killed session are merged first: --resume then counts them as done.
     recover_parts(options.results_dir)
     _load_recorded(config)
-    writer = ResultsWriter(config.stash[settings_key])
+    writer = ResultsWriter(config.stash[settings_key], config.stash[catalog_key])
     config.stash[writer_key] = writer
     config.pluginmanager.register(writer, "neuron-support-results-writer")
 
@@ -589,14 +600,25 @@ class ResultsWriter:
     are merged into the Parquet dataset.
     """
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, models: tuple[ModelSpec, ...]) -> None:
         self.settings = settings
+        self.models = {model.id: model for model in models}
         self.parts = PartWriter(settings.results_dir)
         self.rows: list[Row] = []
         self.written: list[Path] = []
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         row = _row_from_report(report)
+        if row is None and report.failed and report.when not in ("setup", "call", "teardown"):
+            # xdist reports a worker that died mid-item (when="???"): the item never attached a
+            # row, so the controller records one; the sweep goes on with a new worker.
+            model = self.models.get(report.nodeid.split("::", 1)[-1])
+            if model is not None:
+                row = replace(
+                    base_row(model, self.settings),
+                    failure_stage="harness",
+                    error=f"the pytest worker died while checking this model: {report.longrepr}",
+                )
         if row is not None:
             self.parts.add(row)
             self.rows.append(row)

@@ -656,7 +656,7 @@ _TRAIN_SPEC: dict[str, Any] = {
     "preambles": [_PROMPT_PREAMBLE, "Say it again:", "Listen:", "Copy this:", "Once more:"],
     "preamble_fraction": 0.5,
     "text_preamble_tokens": [0, 8],
-    "steps": 250,
+    "steps": 150,
     "batch_size": 32,
     "seq_len": 80,
     "optimizer": "AdamW",
