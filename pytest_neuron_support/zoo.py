@@ -496,138 +496,33 @@ _TOKENIZER_SPEC: dict[str, Any] = {
     "model_max_length": _MAX_POS,
 }
 
+
+def _words(text: str) -> tuple[str, ...]:
+    return tuple(text.split())
+
+
 _WORDS: dict[str, tuple[str, ...]] = {
-    "det": ("the", "a", "this", "that", "every", "one", "some", "my", "your", "our", "their", "no"),
-    "adj": (
-        "quick",
-        "brown",
-        "lazy",
-        "small",
-        "big",
-        "old",
-        "new",
-        "red",
-        "green",
-        "blue",
-        "happy",
-        "quiet",
-        "bright",
-        "dark",
-        "cold",
-        "warm",
-        "tall",
-        "short",
-        "young",
-        "clever",
-        "strong",
-        "gentle",
-        "little",
-        "large",
-        "good",
-        "bad",
-        "fast",
-        "slow",
-        "early",
-        "late",
-        "white",
-        "black",
-        "soft",
-        "loud",
-        "busy",
+    "det": _words("the a this that every one some my your our their no"),
+    "adj": _words(
+        "quick brown lazy small big old new red green blue happy quiet bright dark cold warm tall "
+        "short young clever strong gentle little large good bad fast slow early late white black "
+        "soft loud busy"
     ),
-    "noun": (
-        "fox",
-        "dog",
-        "cat",
-        "bird",
-        "tree",
-        "river",
-        "house",
-        "city",
-        "road",
-        "child",
-        "teacher",
-        "doctor",
-        "friend",
-        "book",
-        "letter",
-        "garden",
-        "window",
-        "door",
-        "table",
-        "chair",
-        "computer",
-        "model",
-        "machine",
-        "river",
-        "mountain",
-        "ship",
-        "train",
-        "car",
-        "student",
-        "king",
-        "queen",
-        "farmer",
-        "market",
-        "song",
-        "story",
-        "question",
-        "answer",
-        "number",
-        "water",
-        "bread",
-        "apple",
-        "morning",
-        "evening",
-        "day",
-        "night",
-        "year",
-        "world",
-        "people",
-        "team",
-        "music",
-        "paper",
-        "village",
-        "forest",
+    "noun": _words(
+        "fox dog cat bird tree river house city road child teacher doctor friend book letter garden "
+        "window door table chair computer model machine river mountain ship train car student king "
+        "queen farmer market song story question answer number water bread apple morning evening "
+        "day night year world people team music paper village forest"
     ),
-    "verb": (
-        "jumps",
-        "runs",
-        "walks",
-        "sees",
-        "finds",
-        "takes",
-        "makes",
-        "reads",
-        "writes",
-        "sings",
-        "likes",
-        "loves",
-        "opens",
-        "closes",
-        "builds",
-        "carries",
-        "watches",
-        "follows",
-        "helps",
-        "calls",
-        "moves",
-        "eats",
-        "drinks",
-        "knows",
-        "wants",
-        "needs",
-        "gives",
-        "keeps",
-        "brings",
-        "tells",
-        "asks",
-        "plays",
+    "verb": _words(
+        "jumps runs walks sees finds takes makes reads writes sings likes loves opens closes builds "
+        "carries watches follows helps calls moves eats drinks knows wants needs gives keeps brings "
+        "tells asks plays"
     ),
-    "prep": ("over", "under", "near", "behind", "with", "into", "from", "to", "for", "across", "along", "at"),
-    "adv": ("quickly", "slowly", "again", "today", "always", "never", "often", "soon", "here", "there"),
-    "conj": ("and", "but", "so", "because", "while", "when", "then", "or"),
-    "name": ("Anna", "Ben", "Clara", "David", "Emma", "Frank", "Grace", "Henry", "Iris", "Jack", "Repeat"),
+    "prep": _words("over under near behind with into from to for across along at"),
+    "adv": _words("quickly slowly again today always never often soon here there"),
+    "conj": _words("and but so because while when then or"),
+    "name": _words("Anna Ben Clara David Emma Frank Grace Henry Iris Jack Repeat"),
 }
 
 _EXTRA_LINES: tuple[str, ...] = (
@@ -645,7 +540,7 @@ _EXTRA_LINES: tuple[str, ...] = (
 # Each training sequence is a preamble (one of `preambles`, or 0-8 tokens of corpus text) followed by one
 # of `sentences` training sentences repeated up to seq_len; the loss covers everything after the preamble.
 # The prompt's sentence is one of the training sentences, so the models learn to continue it (a tiny model
-# memorises the sentence cycles in ~200 steps; a general induction-head copy of *arbitrary* repeated text
+# memorises the sentence cycles in ~150 steps; a general induction-head copy of *arbitrary* repeated text
 # does not form within a few hundred steps at this size).
 _TRAIN_SPEC: dict[str, Any] = {
     "task": "continue a repeated sentence",
@@ -709,6 +604,7 @@ def zoo_fingerprint() -> str:
 # blob (named by its git blob sha1), as huggingface_hub names blobs by the file's etag.
 _LFS_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".onnx", ".gguf", ".npz")
 _LFS_MIN_SIZE = 10 * 1024 * 1024
+_FILE_MODE = 0o644  # what huggingface_hub leaves behind under the usual umask (mkstemp would give 0600)
 
 
 def _repo_dir(cache_dir: Path, repo_id: str) -> Path:
@@ -736,6 +632,7 @@ def _atomic_write_text(path: Path, text: str) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     with os.fdopen(fd, "w") as fh:
         fh.write(text)
+    os.chmod(tmp, _FILE_MODE)
     os.replace(tmp, path)
 
 
@@ -766,6 +663,7 @@ def install_snapshot(cache_dir: Path, repo_id: str, files_dir: Path) -> Path:
             fd, tmp = tempfile.mkstemp(dir=blobs, prefix=f".{etag}.", suffix=".incomplete")
             os.close(fd)
             shutil.copyfile(src, tmp)
+            os.chmod(tmp, _FILE_MODE)
             os.replace(tmp, blob)
 
     snapshot = repo_dir / "snapshots" / commit

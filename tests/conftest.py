@@ -6,16 +6,22 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-import huggingface_hub  # noqa: F401  (first: its constants are read at import, see below)
+import huggingface_hub.constants  # noqa: F401  (first, with the environment still clean: see below)
 import pytest
 from filelock import FileLock
 
 from pytest_neuron_support import zoo
 
-# huggingface_hub reads HF_HUB_OFFLINE once, at import: this process stays online (the Hub API
-# tests talk to a loopback server), while every subprocess (pytester runs, run.py) is offline,
-# so a model missing from the cache fails at once instead of retrying DNS for minutes.
-os.environ["HF_HUB_OFFLINE"] = "1"
+
+
+@pytest.fixture(autouse=True)
+def _offline_subprocesses(monkeypatch: pytest.MonkeyPatch) -> None:
+    """huggingface_hub reads HF_HUB_OFFLINE once, when its constants are imported (above, with a
+    clean environment): this process stays online for the loopback Hub API tests, while every
+    subprocess a test starts (pytester runs, run.py) is offline, so a model missing from the
+    cache fails at once instead of retrying DNS for minutes. Tests that talk to the loopback Hub
+    from a subprocess set HF_HUB_OFFLINE=0 themselves."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
 
 pytest_plugins = ["pytester"]
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -24,6 +25,8 @@ from hubserver import HubServer, ModelRecord
 from pytest_neuron_support import hub
 
 CANARY = "hf_CanaryTokenDoNotLeak0123456789"
+# Allowance on top of a deadline before a timing assertion fails: CI machines can be loaded.
+SLACK_S = 5.0
 
 MODELS = [
     ModelRecord(
@@ -76,7 +79,15 @@ def online_client(monkeypatch: pytest.MonkeyPatch) -> None:
     from huggingface_hub import constants
 
     if constants.is_offline_mode():
-        pytest.skip("HF_HUB_OFFLINE was set when huggingface_hub was imported: it refuses even loopback requests")
+        # Not a skip: conftest means this process to stay online, and skipping would hide that it is not.
+        pytest.fail(
+            "huggingface_hub.constants was first imported with HF_HUB_OFFLINE=1, so the client refuses even "
+            "loopback requests. `import huggingface_hub` is lazy in 2.x (constants load on first use), and "
+            "xdist workers inherit the environment the controller had after loading conftest: conftest must "
+            "import huggingface_hub.constants first and set HF_HUB_OFFLINE per test (monkeypatch), not in "
+            "os.environ at import.",
+            pytrace=False,
+        )
     for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
         monkeypatch.delenv(name, raising=False)
 
@@ -218,12 +229,13 @@ def test_hub_down_500_within_deadline(hub_server: HubServer) -> None:
     hub_server.fail_with = 500
 
     started = time.monotonic()
-    ranking = hub.fetch_ranking("text-generation", "trending", timeout_s=1.5)
+    ranking = hub.fetch_ranking("text-generation", "trending", timeout_s=2)
 
-    assert time.monotonic() - started < 3
+    # Bounded by the deadline, not by the client's 23 s of retries (the margin is for loaded CI).
+    assert time.monotonic() - started < 2 + SLACK_S
     assert ranking.models == ()
     assert ranking.error is not None
-    assert "within 1.5 s" in ranking.error
+    assert "within 2 s" in ranking.error
     # What the client was retrying on when the deadline passed.
     assert "HTTP Error 500" in ranking.error
 
@@ -260,13 +272,13 @@ def test_unreachable_endpoint_errors_quickly(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
 
     started = time.monotonic()
-    ranking = hub.fetch_ranking("text-generation", "trending", timeout_s=1.5)
+    ranking = hub.fetch_ranking("text-generation", "trending", timeout_s=2)
 
-    assert time.monotonic() - started < 3
+    assert time.monotonic() - started < 2 + SLACK_S
     assert ranking.models == ()
     assert ranking.endpoint == f"http://127.0.0.1:{port}"
     assert ranking.error is not None
-    assert ranking.error.startswith(f"no answer from http://127.0.0.1:{port}/api/models within 1.5 s")
+    assert ranking.error.startswith(f"no answer from http://127.0.0.1:{port}/api/models within 2 s")
     assert "thrown while requesting" in ranking.error  # the connection failure the client retried on
     # The abandoned fetch is still retrying (every failed connect resets the client's shared
     # session); bring the endpoint back so it ends here rather than during some later test.
@@ -280,7 +292,7 @@ def test_stalled_server_hits_the_deadline(hub_server: HubServer) -> None:
     started = time.monotonic()
     ranking = hub.fetch_ranking("text-generation", "downloads", timeout_s=1)
 
-    assert time.monotonic() - started < 2.5
+    assert time.monotonic() - started < 1 + SLACK_S
     assert ranking.error == f"no answer from {hub_server.url}/api/models within 1 s"
 
 
@@ -290,9 +302,11 @@ def test_fetch_all_stops_asking_when_its_deadline_has_passed(hub_server: HubServ
     started = time.monotonic()
     rankings = hub.fetch_all(timeout_s=1)
 
-    assert time.monotonic() - started < 2.5
+    assert time.monotonic() - started < 1 + SLACK_S
     assert len(rankings) == len(hub.TASKS) * len(hub.SORTS)
-    assert rankings[0].error is not None and "within 1 s" in rankings[0].error
+    # The first ranking gets what is left of the second (a hair under 1 s on a loaded machine).
+    assert rankings[0].error is not None
+    assert re.fullmatch(rf"no answer from {re.escape(hub_server.url)}/api/models within [\d.]+ s", rankings[0].error)
     for ranking in rankings[1:]:
         assert ranking.error == "not fetched: the 1 s allowed for all rankings had passed"
     assert len(hub_server.requests) == 1

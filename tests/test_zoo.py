@@ -152,6 +152,7 @@ def test_install_snapshot_uses_the_hub_cache_layout(tmp_path: Path) -> None:
         assert link.is_symlink() and not os.path.isabs(os.readlink(link))
         assert link.resolve().parent == (repo / "blobs").resolve()
         assert link.read_bytes() == content
+        assert link.resolve().stat().st_mode & 0o777 == 0o644
     # etags as the Hub names them: sha256 for LFS weight files, git blob sha1 for the rest
     assert (snapshot / "model.safetensors").resolve().name == hashlib.sha256(files["model.safetensors"]).hexdigest()
     git_sha1 = hashlib.sha1(b"blob %d\0" % len(files["config.json"]) + files["config.json"]).hexdigest()
