@@ -103,6 +103,15 @@ def _in_top(position: Mapping[str, Any] | None, token: int) -> bool:
 DEFAULT_JUDGE = "Qwen/Qwen2.5-0.5B-Instruct"
 #: P(yes | yes or no) at or above which the judge's answer counts as "fluent".
 JUDGE_THRESHOLD = 0.5
+#: The yes/no question the judge answers; ``{text}`` is the generated text. Shared by judge.py
+#: and by the tiny zoo's judge, which is trained on exactly this prompt.
+JUDGE_QUESTION = (
+    "Is the following text fluent, grammatical English (repetition is allowed)? "
+    'Answer with yes or no.\n\nText: "{text}"'
+)
+#: Answer variants whose first tokens count as "yes" / "no".
+YES_WORDS: tuple[str, ...] = ("yes", "Yes", " yes", " Yes", "YES")
+NO_WORDS: tuple[str, ...] = ("no", "No", " no", " No", "NO")
 #: Text whose printable share is below this is garbage, whatever a judge would say.
 MIN_PRINTABLE = 0.9
 

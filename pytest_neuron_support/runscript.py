@@ -14,6 +14,7 @@ from importlib import resources
 from typing import Any
 
 from . import __version__
+from .checks import JUDGE_QUESTION, JUDGE_THRESHOLD, NO_WORDS, YES_WORDS
 from .devices import DeviceKind
 
 _SPEC_MARKER = "SPEC = {}  # @@SPEC@@"
@@ -73,12 +74,17 @@ class JudgeSpec:
         judge_revision: its revision.
         text: the generated text being judged.
         threshold: P(yes | yes or no) at or above which the text is judged fluent.
+        question: the question, with ``{text}`` where the text goes.
+        yes_words / no_words: answers whose first tokens count as yes / no.
     """
 
     judge_model: str
     judge_revision: str
     text: str
-    threshold: float = 0.5
+    threshold: float = JUDGE_THRESHOLD
+    question: str = JUDGE_QUESTION
+    yes_words: tuple[str, ...] = YES_WORDS
+    no_words: tuple[str, ...] = NO_WORDS
 
 
 def template(name: str = "run.py") -> str:

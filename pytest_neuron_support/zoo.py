@@ -567,6 +567,29 @@ _TRAIN_SPEC: dict[str, Any] = {
 #: Below this top-1/top-2 fp32 logit gap on TINY_PROMPT a freshly built checkpoint is rejected.
 MIN_BUILD_GAP = 2.0
 
+#: The zoo's fluency judge for sharded runs (models-tiny.yaml names it): the tiny llama trained to
+#: answer the judge question (checks.JUDGE_QUESTION) "yes" for English-like text of the zoo's corpus,
+#: repeated and cut mid-sentence as a 32-token generation is, and "no" for token soup (random ids,
+#: what a broken sharded matmul produces). It is a real classifier, but only of this corpus and
+#: this kind of garbage (it cannot tell scrambled word order): real sweeps use a real instruct model.
+JUDGE_REPO = f"{ZOO_ORG}/judge"
+_JUDGE_SPEC: dict[str, Any] = {
+    "base_arch": "llama",
+    "seed": 4242,
+    "steps": 250,
+    "batch_size": 32,
+    "lr": 3e-3,
+    "text_tokens": [6, 40],
+    "eval_examples": 256,
+    "min_accuracy": 0.95,
+}
+
+
+def _judge_question() -> str:
+    from .checks import JUDGE_QUESTION
+
+    return JUDGE_QUESTION
+
 
 def zoo_fingerprint() -> str:
     """Short hash of everything that defines the zoo: architectures, tokenizer and corpus, training
@@ -591,6 +614,8 @@ def zoo_fingerprint() -> str:
         "extra_lines": list(_EXTRA_LINES),
         "train": _TRAIN_SPEC,
         "min_build_gap": MIN_BUILD_GAP,
+        "judge": _JUDGE_SPEC,
+        "judge_question": _judge_question(),
     }
     blob = json.dumps(spec, sort_keys=True, separators=(",", ":"), default=repr).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
@@ -1068,6 +1093,115 @@ def _build_one(
     return loss, gap
 
 
+def _judge_text(rng: random.Random, data: _TrainData, tokenizer: _HFTokenizer, fluent: bool) -> str:
+    """One judged text: a repeated sentence (or corpus run) cut at a random length, or garbage."""
+    lo, hi = _JUDGE_SPEC["text_tokens"]
+    n = rng.randint(lo, hi)
+    if rng.random() < 0.5:
+        sentence = list(rng.choice(data.sentences))
+        ids = (sentence * (n // max(1, len(sentence)) + 2))[:n]
+    else:
+        start = rng.randrange(0, len(data.text_ids) - n)
+        ids = list(data.text_ids[start : start + n])
+    if not fluent:
+        # Token soup: what a broken sharded matmul or a mis-gathered embedding produces.
+        first_regular = len(_SPECIAL_TOKENS)
+        ids = [rng.randrange(first_regular, len(tokenizer)) for _ in range(n)]
+    return str(tokenizer.decode(ids))
+
+
+def _judge_batch(
+    rng: random.Random, data: _TrainData, tokenizer: _HFTokenizer, size: int
+) -> tuple[list[list[int]], list[bool]]:
+    from .checks import JUDGE_QUESTION
+
+    prompts: list[list[int]] = []
+    labels: list[bool] = []
+    for _ in range(size):
+        fluent = rng.random() < 0.5
+        content = JUDGE_QUESTION.replace("{text}", _judge_text(rng, data, tokenizer, fluent))
+        prompt = tokenizer.apply_chat_template(
+            [{"role": "user", "content": content}], tokenize=False, add_generation_prompt=True
+        )
+        prompts.append([int(i) for i in tokenizer(prompt, add_special_tokens=False)["input_ids"]])
+        labels.append(fluent)
+    return prompts, labels
+
+
+def _answer_ids(tokenizer: _HFTokenizer, words: Sequence[str]) -> list[int]:
+    ids = {
+        int(tokenizer.encode(w, add_special_tokens=False)[0])
+        for w in words
+        if tokenizer.encode(w, add_special_tokens=False)
+    }
+    return sorted(ids)
+
+
+def _judge_logits(model: _HFModel, prompts: list[list[int]], pad: int) -> torch.Tensor:
+    import torch
+
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([p + [pad] * (width - len(p)) for p in prompts])
+    mask = torch.tensor([[1] * len(p) + [0] * (width - len(p)) for p in prompts])
+    logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits
+    last = torch.tensor([len(p) - 1 for p in prompts])
+    picked: torch.Tensor = logits[torch.arange(len(prompts)), last]
+    return picked
+
+
+def _build_judge(
+    tokenizer_dir: Path, tokenizer: _HFTokenizer, data: _TrainData, fingerprint: str, out_dir: Path
+) -> float:
+    """Train the zoo's judge; returns its held-out accuracy (the build fails below the minimum)."""
+    import torch
+
+    from .checks import NO_WORDS, YES_WORDS
+
+    tf = _transformers()
+    arch = _arch_by_name(str(_JUDGE_SPEC["base_arch"]))
+    ids = _token_ids(tokenizer)
+    hub_cfg = _hub_config(arch, len(tokenizer), ids)
+    config = tf.LlamaConfig(**{k: v for k, v in hub_cfg.items() if k not in ("architectures", "model_type")})
+    yes_ids, no_ids = _answer_ids(tokenizer, YES_WORDS), _answer_ids(tokenizer, NO_WORDS)
+    target_yes, target_no = _answer_ids(tokenizer, ["yes"])[0], _answer_ids(tokenizer, ["no"])[0]
+    seed = int(_JUDGE_SPEC["seed"])
+    rng = random.Random(seed)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = tf.LlamaForCausalLM(config)
+        opt = torch.optim.AdamW(model.parameters(), lr=float(_JUDGE_SPEC["lr"]))
+        model.train()
+        for _ in range(int(_JUDGE_SPEC["steps"])):
+            prompts, labels = _judge_batch(rng, data, tokenizer, int(_JUDGE_SPEC["batch_size"]))
+            logits = _judge_logits(model, prompts, ids[_PAD])
+            targets = torch.tensor([target_yes if y else target_no for y in labels])
+            loss: Any = torch.nn.functional.cross_entropy(logits, targets)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+        model.eval()
+    # Held-out accuracy, scored exactly as judge.py scores: P(yes) over the yes/no answer variants.
+    prompts, labels = _judge_batch(random.Random(seed + 1), data, tokenizer, int(_JUDGE_SPEC["eval_examples"]))
+    with torch.no_grad():
+        logprobs = torch.log_softmax(_judge_logits(model, prompts, ids[_PAD]).float(), dim=-1)
+    yes = torch.logsumexp(logprobs[:, yes_ids], dim=-1)
+    no = torch.logsumexp(logprobs[:, no_ids], dim=-1)
+    accuracy = float(((yes > no) == torch.tensor(labels)).float().mean())
+    if accuracy < float(_JUDGE_SPEC["min_accuracy"]):
+        raise RuntimeError(f"{JUDGE_REPO}: held-out accuracy {accuracy:.3f} is below {_JUDGE_SPEC['min_accuracy']}")
+    model.save_pretrained(str(out_dir))
+    for f in tokenizer_dir.iterdir():
+        shutil.copyfile(f, out_dir / f.name)
+    (out_dir / "README.md").write_text(
+        "---\nlibrary_name: transformers\npipeline_tag: text-generation\ntags: [tiny-random, test, judge]\n"
+        f"tiny_zoo_fingerprint: {fingerprint}\n---\n\n# {JUDGE_REPO}\n\n"
+        "The tiny zoo's fluency judge: answers the judge question with yes for English-like text of the zoo's\n"
+        "corpus and no for token soup. For offline tests of the judge path only.\n\n"
+        f"- held-out accuracy: {accuracy:.3f}\n"
+    )
+    return accuracy
+
+
 def build_zoo(
     cache_dir: Path,
     names: Sequence[str] | None = None,
@@ -1096,7 +1230,10 @@ def build_zoo(
         for a in archs:
             if a not in todo:
                 log(f"tiny zoo: {a.repo_id} already installed (fingerprint {fingerprint}), skipping")
-        if todo:
+        judge = names is None and not (
+            installed(cache_dir, JUDGE_REPO) and _installed_fingerprint(cache_dir, JUDGE_REPO) == fingerprint
+        )
+        if todo or judge:
             with _quiet_transformers(), _single_thread(), tempfile.TemporaryDirectory(prefix="tiny-zoo-") as tmp:
                 t0 = time.perf_counter()
                 tokenizer_dir = Path(tmp) / "tokenizer"
@@ -1113,7 +1250,14 @@ def build_zoo(
                         f"tiny zoo: built {a.repo_id} in {time.perf_counter() - t0:.1f}s "
                         f"(loss {loss:.4f}, min top-2 gap {gap:.2f})"
                     )
-    return [a.repo_id for a in archs]
+                if judge:
+                    t0 = time.perf_counter()
+                    out_dir = Path(tmp) / "judge"
+                    out_dir.mkdir()
+                    accuracy = _build_judge(tokenizer_dir, tokenizer, data, fingerprint, out_dir)
+                    install_snapshot(cache_dir, JUDGE_REPO, out_dir)
+                    log(f"tiny zoo: built {JUDGE_REPO} in {time.perf_counter() - t0:.1f}s (accuracy {accuracy:.3f})")
+    return [a.repo_id for a in archs] + ([JUDGE_REPO] if names is None else [])
 
 
 # ----------------------------------------------------------------------------------------------------

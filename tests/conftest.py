@@ -13,7 +13,6 @@ from filelock import FileLock
 from pytest_neuron_support import zoo
 
 
-
 @pytest.fixture(autouse=True)
 def _offline_subprocesses(monkeypatch: pytest.MonkeyPatch) -> None:
     """huggingface_hub reads HF_HUB_OFFLINE once, when its constants are imported (above, with a
@@ -22,6 +21,7 @@ def _offline_subprocesses(monkeypatch: pytest.MonkeyPatch) -> None:
     cache fails at once instead of retrying DNS for minutes. Tests that talk to the loopback Hub
     from a subprocess set HF_HUB_OFFLINE=0 themselves."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
 
 pytest_plugins = ["pytester"]
 

@@ -16,7 +16,8 @@ def build_judge(zoo_cache: Path, out: Path, yes_logit: float, no_logit: float) -
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    (snapshot,) = (zoo_cache / "models--tiny-random--llama" / "snapshots").iterdir()
+    repo = zoo_cache / "models--tiny-random--llama"
+    snapshot = repo / "snapshots" / (repo / "refs" / "main").read_text().strip()
     tokenizer = AutoTokenizer.from_pretrained(snapshot)
     model = AutoModelForCausalLM.from_pretrained(snapshot, dtype=torch.float32)
     model.config.tie_word_embeddings = False

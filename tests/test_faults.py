@@ -153,7 +153,8 @@ class MarkerForCausalLM(LlamaForCausalLM):
 
 
 def install_remote_code_model(cache: Path, marker: Path, work: Path) -> None:
-    (snapshot,) = (cache / "models--tiny-random--llama" / "snapshots").iterdir()
+    repo = cache / "models--tiny-random--llama"
+    snapshot = repo / "snapshots" / (repo / "refs" / "main").read_text().strip()
     files = work / "remote"
     files.mkdir()
     for f in snapshot.iterdir():

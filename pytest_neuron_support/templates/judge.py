@@ -21,13 +21,6 @@ import traceback
 SPEC = {}  # @@SPEC@@
 
 
-def question(text):
-    return (
-        "Is the following text fluent, grammatical English (repetition is allowed)? "
-        f'Answer with yes or no.\n\nText: "{text}"'
-    )
-
-
 def first_token_ids(tokenizer, words):
     ids = set()
     for word in words:
@@ -45,7 +38,7 @@ def judge():
     tokenizer = AutoTokenizer.from_pretrained(SPEC["judge_model"], **common)
     model = AutoModelForCausalLM.from_pretrained(SPEC["judge_model"], dtype=torch.float32, **common)
     model.eval()
-    content = question(SPEC["text"])
+    content = SPEC["question"].replace("{text}", SPEC["text"])
     if tokenizer.chat_template:
         prompt = tokenizer.apply_chat_template(
             [{"role": "user", "content": content}], tokenize=False, add_generation_prompt=True
@@ -56,8 +49,8 @@ def judge():
     with torch.no_grad():
         logits = model(**inputs).logits[0, -1].float()
     logprobs = torch.log_softmax(logits, dim=-1)
-    yes_ids = first_token_ids(tokenizer, ["yes", "Yes", " yes", " Yes", "YES"])
-    no_ids = first_token_ids(tokenizer, ["no", "No", " no", " No", "NO"])
+    yes_ids = first_token_ids(tokenizer, SPEC["yes_words"])
+    no_ids = first_token_ids(tokenizer, SPEC["no_words"])
     yes = float(torch.logsumexp(logprobs[yes_ids], dim=0))
     no = float(torch.logsumexp(logprobs[no_ids], dim=0))
     score = 1.0 / (1.0 + math.exp(no - yes))  # P(yes | the answer is yes or no)
