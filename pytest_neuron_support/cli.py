@@ -73,6 +73,19 @@ def _merge(args: argparse.Namespace) -> int:
     return 0
 
 
+def _diff(args: argparse.Namespace) -> int:
+    from .dataset import diff_datasets, read_dataset
+
+    changes = diff_datasets(read_dataset(Path(args.old)), read_dataset(Path(args.new)))
+    counts: dict[str, int] = {}
+    for change in changes:
+        counts[change.kind] = counts.get(change.kind, 0) + 1
+        if change.kind != "unchanged" or args.verbose:
+            print(f"{change.kind:<10} {change.model_id} [{change.device}]: {change.old or '-'} -> {change.new or '-'}")
+    print(", ".join(f"{n} {kind}" for kind, n in sorted(counts.items())) or "no rows")
+    return 1 if counts.get("regressed") else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="neuron-support", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -92,6 +105,13 @@ def build_parser() -> argparse.ArgumentParser:
     merge.add_argument("parts", nargs="+", help="results folders written by shards (--results-dir of each)")
     merge.add_argument("--into", required=True, help="dataset folder to merge into")
     merge.set_defaults(func=_merge)
+    diff = sub.add_parser(
+        "diff", help="per model: regressed / fixed / new / missing / unchanged (exit 1 on regressions)"
+    )
+    diff.add_argument("old", help="dataset folder (the baseline)")
+    diff.add_argument("new", help="dataset folder (the candidate)")
+    diff.add_argument("-v", "--verbose", action="store_true", help="also list unchanged models")
+    diff.set_defaults(func=_diff)
     return parser
 
 

@@ -22,6 +22,7 @@ import shutil
 import uuid
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from filelock import FileLock
@@ -166,6 +167,52 @@ def expected_seconds_from_dataset(results_dir: Path, device: str) -> dict[str, f
         if row.device == device and row.run_s is not None:
             seconds[row.model_id] = row.run_s + (row.reference_s or 0.0)
     return seconds
+
+
+@dataclass(frozen=True)
+class Change:
+    """How one model's result moved between two datasets.
+
+    Attributes:
+        model_id / device: the model and the device kind compared.
+        kind: ``regressed`` (was PASS, now not), ``fixed`` (now PASS, was not), ``new`` (only in
+            the new dataset), ``missing`` (only in the old), or ``unchanged``.
+        old / new: the results compared (None where absent).
+    """
+
+    model_id: str
+    device: str
+    kind: str
+    old: str | None
+    new: str | None
+
+
+def _latest(rows: Iterable[Row]) -> dict[tuple[str, str], Row]:
+    latest: dict[tuple[str, str], Row] = {}
+    for row in sorted(rows, key=lambda r: r.timestamp):
+        latest[row_key(row)] = row
+    return latest
+
+
+def diff_datasets(old_rows: Iterable[Row], new_rows: Iterable[Row]) -> list[Change]:
+    """Compare each model's newest row in ``old_rows`` with its newest row in ``new_rows``."""
+    old, new = _latest(old_rows), _latest(new_rows)
+    changes = []
+    for key in sorted(set(old) | set(new)):
+        before = old[key].result if key in old else None
+        after = new[key].result if key in new else None
+        if before is None:
+            kind = "new"
+        elif after is None:
+            kind = "missing"
+        elif before == "PASS" and after != "PASS":
+            kind = "regressed"
+        elif before != "PASS" and after == "PASS":
+            kind = "fixed"
+        else:
+            kind = "unchanged"
+        changes.append(Change(key[0], key[1], kind, before, after))
+    return changes
 
 
 def check_writable(results_dir: Path) -> None:

@@ -48,6 +48,13 @@ def test_tiny_zoo_sweep_passes_every_architecture_with_two_workers(
     ):
         assert column in df.columns
     assert (df.graphs_compiled >= 1).all() and (df.recompiles == 0).all()
+    # Mixed core counts shared one pool of 2 through the lease ledger: no core was ever double-booked.
+    assert set(df.neuron_cores) == {1, 2}
+    assert overlapping_leases(df) == []
+    sharded = df[df.neuron_cores == 2]
+    assert sorted(sharded.model_id) == ["tiny-random/mistral", "tiny-random/mixtral", "tiny-random/qwen3_moe"]
+    assert (sharded.tp_size == 2).all() and (sharded.judge_model == "tiny-random/judge").all()
+    assert (sharded.judge_verdict == "fluent").all() and sharded.distributed_config.notna().all()
     assert (df.compile_s > 0).all() and (df.load_s > 0).all() and (df.run_s > df.first_generate_s).all()
     assert (df.tokens.map(len) == 32).all() and (df.matched_prefix == 32).all()
     assert (df.neuronx_cc == "none").all() and (df.library == "transformers").all()
@@ -56,6 +63,32 @@ def test_tiny_zoo_sweep_passes_every_architecture_with_two_workers(
     qwen3 = df.set_index("model_id").loc["tiny-random/qwen3"]
     ran = (pytester.path / "out" / "runs" / "tiny-random--qwen3" / "cpu" / "device" / "run.py").read_text()
     assert qwen3.runscript == ran
+
+
+def overlapping_leases(df: pd.DataFrame) -> list[tuple[str, str]]:
+    """Pairs of rows that held a common core at the same time."""
+    rows = list(df[["model_id", "first_core", "neuron_cores", "lease_start", "lease_end"]].itertuples(index=False))
+    clashes = []
+    for i, a in enumerate(rows):
+        for b in rows[:i]:
+            cores_a = set(range(int(a.first_core), int(a.first_core + a.neuron_cores)))
+            cores_b = set(range(int(b.first_core), int(b.first_core + b.neuron_cores)))
+            if cores_a & cores_b and a.lease_start < b.lease_end and b.lease_start < a.lease_end:
+                clashes.append((a.model_id, b.model_id))
+    return clashes
+
+
+def test_the_overlap_check_catches_a_double_booking() -> None:
+    df = pd.DataFrame(
+        {
+            "model_id": ["a", "b"],
+            "first_core": [0, 1],
+            "neuron_cores": [2, 1],
+            "lease_start": [0.0, 1.0],
+            "lease_end": [2.0, 3.0],
+        }
+    )
+    assert overlapping_leases(df) == [("b", "a")]
 
 
 PERTURB = """

@@ -1,0 +1,58 @@
+"""Shared by the benchmarks: the tiny zoo cache and a pytest session runner."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+
+from pytest_neuron_support import zoo
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def zoo_cache() -> Path:
+    base = Path(os.environ.get("NEURON_SUPPORT_ZOO_HOME", Path.home() / ".cache" / "neuron-support"))
+    cache = base / f"zoo-{zoo.zoo_fingerprint()}" / "hub"
+    zoo.build_zoo(cache)
+    return cache
+
+
+def catalog(path: Path, entries: list[tuple[str, int]]) -> Path:
+    prompt = json.dumps(zoo.TINY_PROMPT)
+    lines = [f"judge: {{model: {zoo.JUDGE_REPO}}}", "models:"]
+    for repo, cores in entries:
+        lines.append(f"  - {{id: {repo}, task: text-generation, cores: {cores}, prompt: {prompt}}}")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def sweep(workdir: Path, models_file: Path, results: Path, *args: str) -> tuple[float, pd.DataFrame]:
+    """Run one pytest session on CPU; return its wall seconds and the rows it wrote."""
+    env = {**os.environ, "HF_HUB_CACHE": str(zoo_cache()), "HF_HUB_OFFLINE": "1"}
+    start = time.monotonic()
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            "-q",
+            "--device=cpu",
+            f"--models-file={models_file}",
+            f"--results-dir={results}",
+            *args,
+        ],
+        cwd=workdir,
+        env=env,
+        check=False,
+        stdout=subprocess.DEVNULL,
+    )
+    wall = time.monotonic() - start
+    return wall, pd.read_parquet(results / "data")
