@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import threading
+import multiprocessing
 from pathlib import Path
 
 import pandas as pd
@@ -61,17 +61,24 @@ def test_parts_survive_a_killed_session_and_are_recovered(tmp_path: Path) -> Non
     assert not dead.directory.exists()
 
 
-def test_concurrent_writers_lose_no_rows(tmp_path: Path) -> None:
-    def work(w: int) -> None:
-        for i in range(25):
-            write_rows(tmp_path, [row(f"org/w{w}-{i}")])
+def _writer(directory: str, w: int) -> None:
+    for i in range(100):
+        write_rows(Path(directory), [row(f"org/w{w}-{i}", tags=(f"writer-{w}",), peak_host_rss_bytes=i)])
 
-    threads = [threading.Thread(target=work, args=(w,)) for w in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert len(pd.read_parquet(tmp_path / "data")) == 100
+
+def test_eight_concurrent_writer_processes_lose_and_corrupt_no_row(tmp_path: Path) -> None:
+    ctx = multiprocessing.get_context("spawn")
+    writers = [ctx.Process(target=_writer, args=(str(tmp_path), w)) for w in range(8)]
+    for p in writers:
+        p.start()
+    for p in writers:
+        p.join(300)
+        assert p.exitcode == 0
+    df = pd.read_parquet(tmp_path / "data")
+    assert len(df) == 800 and df.model_id.is_unique
+    for record in df.itertuples():
+        w, i = record.model_id.removeprefix("org/w").split("-")
+        assert list(record.tags) == [f"writer-{w}"] and record.peak_host_rss_bytes == int(i)
 
 
 def test_unwritable_results_dir_fails_before_the_sweep(tmp_path: Path) -> None:
