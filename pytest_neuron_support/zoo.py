@@ -61,7 +61,7 @@ __all__ = [
 ZOO_ORG = "tiny-random"
 
 #: Bump when the build procedure changes in a way the data below does not capture.
-ZOO_VERSION = 2
+ZOO_VERSION = 3
 
 _PROMPT_PREAMBLE = "Repeat after me:"
 _PROMPT_SENTENCE = "the quick brown fox jumps over a lazy dog."
@@ -1129,11 +1129,13 @@ def _judge_batch(
 
 
 def _answer_ids(tokenizer: _HFTokenizer, words: Sequence[str]) -> list[int]:
-    ids = {
-        int(tokenizer.encode(w, add_special_tokens=False)[0])
-        for w in words
-        if tokenizer.encode(w, add_special_tokens=False)
-    }
+    """First non-blank token of each answer variant, as judge.py picks them."""
+    ids: set[int] = set()
+    for word in words:
+        for token in tokenizer.encode(word, add_special_tokens=False):
+            if str(tokenizer.decode([token])).strip():
+                ids.add(int(token))
+                break
     return sorted(ids)
 
 

@@ -42,11 +42,13 @@ def build_judge(zoo_cache: Path, out: Path, yes_logit: float, no_logit: float) -
 
 
 def _first_ids(tokenizer: object, words: list[str]) -> list[int]:
+    """First non-blank token of each word, exactly as judge.py picks them."""
     ids = set()
     for word in words:
-        encoded = tokenizer.encode(word, add_special_tokens=False)  # type: ignore[attr-defined]
-        if encoded:
-            ids.add(encoded[0])
+        for token in tokenizer.encode(word, add_special_tokens=False):  # type: ignore[attr-defined]
+            if tokenizer.decode([token]).strip():  # type: ignore[attr-defined]
+                ids.add(token)
+                break
     return sorted(ids)
 
 

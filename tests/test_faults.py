@@ -188,13 +188,18 @@ def test_remote_code_runs_only_when_catalog_and_user_both_opt_in(
     row = pd.read_parquet(pytester.path / "out" / "data").iloc[0]
     assert (row.result, row.exclude_reason) == ("EXCLUDED", "remote-code")
 
-    # The catalog does not opt in: even with the user's flag, transformers is never told to trust it.
+    # The catalog does not opt in: even with the user's flag, transformers is never told to trust the
+    # repository, so it loads its own Llama class and the repository's code never runs.
     pytester.makefile(
         ".yaml", models=f"models:\n  - {{id: tiny-remote/marker, task: text-generation, prompt: {prompt}}}\n"
     )
     not_opted = pytester.runpytest_subprocess("--device=cpu", "--results-dir=out2", "--allow-remote-code")
-    not_opted.assert_outcomes(failed=1)
+    not_opted.assert_outcomes(passed=1)
     assert not marker.exists()
+    assert (
+        "trust_remote_code': False"
+        in (pytester.path / "out2" / "runs" / "tiny-remote--marker" / "cpu" / "device" / "run.py").read_text()
+    )
 
     pytester.makefile(
         ".yaml",

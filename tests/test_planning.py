@@ -14,7 +14,6 @@ import shutil
 import subprocess
 import sys
 import textwrap
-import types
 from pathlib import Path
 from typing import Any
 
@@ -480,39 +479,37 @@ def test_missing_model_offline_is_a_planning_error(hub_results: dict[str, Any]) 
     assert "tiny-org/absent" in error and "config.json" in error
 
 
-def test_inspect_falls_back_to_the_hub_api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # No network here, so the three hub calls are replaced; the config and counts are DeepSeek-V3's real ones.
-    import huggingface_hub
+def test_inspect_falls_back_to_the_hub_api(tmp_path: Path) -> None:
+    # The real client against the loopback Hub (tests/hubserver.py): DeepSeek-V3's real config and
+    # per-dtype parameter counts, served as safetensors headers the client reads with Range requests.
+    # huggingface_hub binds its endpoint at import, so the planner runs in a fresh interpreter.
+    from hubserver import HubServer, ModelRecord
 
     data = fixture("deepseek-ai_DeepSeek-V3")
-    config_path = tmp_path / "config.json"
-    config_path.write_text(json.dumps(data["config"]))
-    calls: list[tuple[str, str, str | None]] = []
-
-    def download(repo_id: str, filename: str, *, revision: str | None = None) -> str:
-        calls.append(("download", filename, revision))
-        return str(config_path)
-
-    def from_cache(repo_id: str, filename: str, revision: str | None = None) -> None:
-        calls.append(("cache", filename, revision))
-
-    def metadata(repo_id: str, *, revision: str | None = None) -> Any:
-        calls.append(("api", repo_id, revision))
-        return types.SimpleNamespace(parameter_count=dict(data["parameters"]))
-
-    monkeypatch.setattr(huggingface_hub, "hf_hub_download", download)
-    monkeypatch.setattr(huggingface_hub, "try_to_load_from_cache", from_cache)
-    monkeypatch.setattr(huggingface_hub, "get_safetensors_metadata", metadata)
-    shape = inspect_model(ModelSpec(id="deepseek-ai/DeepSeek-V3", revision="v1"))
-    assert (shape.parameters, shape.weights_source) == (684_531_386_000, "hub api")
-    assert (shape.model_type, shape.num_experts, shape.has_tp_plan) == ("deepseek_v3", 256, True)
-    assert calls == [
-        ("download", "config.json", "v1"),
-        ("cache", "model.safetensors.index.json", "v1"),
-        ("cache", "model.safetensors", "v1"),
-        ("api", "deepseek-ai/DeepSeek-V3", "v1"),
-    ]
-    assert plan(shape).skip is not None and "needs 128 cores" in (plan(shape).skip or "")
+    dtypes = {"BF16": "BF16", "F8_E4M3": "F8_E4M3", "F32": "F32"}
+    tensors = {f"w_{name.lower()}": (dtypes[name], [count]) for name, count in data["parameters"].items()}
+    record = ModelRecord(
+        id="deepseek-ai/DeepSeek-V3", files={"config.json": json.dumps(data["config"]).encode()}, tensors=tensors
+    )
+    code = (
+        "import dataclasses, json\n"
+        "from pytest_neuron_support.catalog import ModelSpec\n"
+        "from pytest_neuron_support.planning import inspect_model\n"
+        "print(json.dumps(dataclasses.asdict(inspect_model(ModelSpec(id='deepseek-ai/DeepSeek-V3')))))\n"
+    )
+    with HubServer([record]) as server:
+        env = {**os.environ, **server.env(), "HF_HUB_CACHE": str(tmp_path / "hub")}
+        env.pop("TRANSFORMERS_OFFLINE", None)
+        done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False)
+        asked = [request.path for request in server.requests]
+    assert done.returncode == 0, done.stderr[-3000:]
+    shape = json.loads(done.stdout.strip().splitlines()[-1])
+    assert (shape["parameters"], shape["weights_source"]) == (684_531_386_000, "hub api")
+    assert (shape["model_type"], shape["num_experts"], shape["has_tp_plan"]) == ("deepseek_v3", 256, True)
+    assert any(path.endswith("/config.json") for path in asked)
+    assert any("model.safetensors" in path for path in asked)  # counted from headers, weights never fetched
+    rebuilt = ModelShape(**shape)
+    assert plan(rebuilt).skip is not None and "needs 128 cores" in (plan(rebuilt).skip or "")
 
 
 def test_module_import_stays_cheap() -> None:

@@ -22,11 +22,14 @@ SPEC = {}  # @@SPEC@@
 
 
 def first_token_ids(tokenizer, words):
+    """The token each answer variant starts with. A bare-space token (what " yes" starts with in
+    some byte-level vocabularies) is skipped: it would count for "yes" and "no" alike."""
     ids = set()
     for word in words:
-        encoded = tokenizer.encode(word, add_special_tokens=False)
-        if encoded:
-            ids.add(encoded[0])
+        for token in tokenizer.encode(word, add_special_tokens=False):
+            if tokenizer.decode([token]).strip():
+                ids.add(token)
+                break
     return sorted(ids)
 
 
