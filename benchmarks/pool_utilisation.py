@@ -34,6 +34,16 @@ def main() -> None:
         _, df = sweep(
             work, models, work / "results", "-n", str(POOL), f"--neuron-cores={POOL}", "--reference-cache=none"
         )
+    clashes = [
+        (a.model_id, b.model_id)
+        for i, a in enumerate(df.itertuples())
+        for b in list(df.itertuples())[:i]
+        if set(range(a.first_core, a.first_core + a.neuron_cores))
+        & set(range(b.first_core, b.first_core + b.neuron_cores))
+        and a.lease_start < b.lease_end
+        and b.lease_start < a.lease_end
+    ]
+    print(f"double-booked cores: {clashes or 'none'}")
     held = df.lease_end - df.lease_start
     busy = float((df.neuron_cores * held).sum())
     makespan = float(df.lease_end.max() - df.lease_start.min())
