@@ -7,6 +7,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import huggingface_hub.constants  # noqa: F401  (first, with the environment still clean: see below)
+
+# pandas registers its Arrow extension types with pyarrow on first use. pytester restores
+# sys.modules after each test, so a first use inside a pytester test would be forgotten and the
+# next Parquet read would register them again ("type extension ... already defined"). Register
+# them once, here, before any test runs.
+import pandas.core.arrays.arrow.extension_types  # noqa: F401
 import pytest
 from filelock import FileLock
 
