@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import os
 import shutil
 import uuid
@@ -285,7 +284,3 @@ def write_card(results_dir: Path) -> Path:
     tmp.write_text(render_card(results_dir), encoding="utf-8")
     os.replace(tmp, path)
     return path
-
-
-def rows_as_json(rows: Sequence[Row]) -> str:
-    return json.dumps([dataclasses.asdict(r) for r in rows])

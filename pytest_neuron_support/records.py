@@ -79,11 +79,6 @@ class Stack:
     library_version: str
     python: str
 
-    @property
-    def file_stem(self) -> str:
-        """Parquet file name (no suffix) for this stack."""
-        return f"neuronxcc-{self.neuronx_cc}__{self.library}-{self.library_version}"
-
 
 def _version(dist: str) -> str:
     try:
