@@ -23,7 +23,7 @@ from .catalog import ModelSpec
 from .checks import DEFAULT_JUDGE, compare, fluency_precheck
 from .devices import DEVICES, DeviceKind
 from .execution import ProcessOutcome, run_script
-from .planning import DEFAULT_HEADROOM, DEFAULT_MAX_CORES, Plan, PlanningError, inspect_model, plan_cores
+from .planning import DEFAULT_HEADROOM, DEFAULT_MAX_CORES, DTYPE_BYTES, Plan, PlanningError, inspect_model, plan_cores
 from .records import Row, Stack
 from .runscript import JudgeSpec, RunSpec, render, render_judge
 
@@ -304,6 +304,9 @@ def planned_row(model: ModelSpec, settings: Settings, plan: Plan) -> Row:
         tp_size=plan.tp_size,
         ep_size=plan.ep_size,
         plan_reason=plan.reason,
+        # weight_bytes is 0 when the model could not be inspected: unknown, not zero.
+        weight_bytes=plan.weight_bytes or None,
+        parameters=plan.weight_bytes // DTYPE_BYTES[model.dtype] if plan.weight_bytes else None,
         compile_backend=settings.compile_backend,
     )
     if plan.skip is not None:

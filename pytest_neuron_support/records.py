@@ -110,7 +110,10 @@ class Row:
     model_id: str = field(metadata=_doc("Hub id (org/name), or the absolute path of a local checkpoint"))
     result: str = field(metadata=_doc("PASS, FAIL, ERROR, TIMEOUT, SKIPPED or EXCLUDED (defined below)"))
     revision: str = field(default="main", metadata=_doc("revision asked for (branch, tag or commit)"))
-    task: str = field(default="text-generation", metadata=_doc("text-generation or image-text-to-text"))
+    task: str = field(
+        default="text-generation",
+        metadata=_doc("text-generation, image-text-to-text, feature-extraction or sentence-similarity"),
+    )
     source: str = field(default="catalog", metadata=_doc("catalog, cli (--model ID) or local (--model ./dir)"))
     failure_stage: str | None = field(default=None, metadata=_doc("stage that failed (defined below); null on PASS"))
     error: str | None = field(default=None, metadata=_doc("exception type and message, signal, or skip reason"))
@@ -122,6 +125,12 @@ class Row:
     tp_size: int | None = field(default=None, metadata=_doc("tensor-parallel size (1 = not sharded)"))
     ep_size: int | None = field(default=None, metadata=_doc("expert-parallel size (1 = not sharded)"))
     plan_reason: str | None = field(default=None, metadata=_doc("why the planner chose this core count"))
+    parameters: int | None = field(
+        default=None, metadata=_doc("parameter count read from the safetensors metadata (null if not inspected)")
+    )
+    weight_bytes: int | None = field(
+        default=None, metadata=_doc("bytes the weights take on the device in the run dtype (null if not inspected)")
+    )
     distributed_config: str | None = field(
         default=None, metadata=_doc("JSON of the DistributedConfig arguments a sharded run loaded with")
     )
@@ -172,6 +181,10 @@ class Row:
         default=None, metadata=_doc("fluent, not fluent, or 'precheck: <why>' when cheap checks failed first")
     )
     judge_score: float | None = field(default=None, metadata=_doc("judge's P(yes | yes or no) for 'is it fluent?'"))
+    min_cosine: float | None = field(
+        default=None,
+        metadata=_doc("embedding tasks: the smallest cosine similarity between a sentence's device and CPU embeddings"),
+    )
     near_tie: bool | None = field(
         default=None,
         metadata=_doc(
