@@ -96,6 +96,14 @@ def write_rows(results_dir: Path, rows: Iterable[Row]) -> list[Path]:
     return written
 
 
+def dump_rows(rows: Sequence[Row], directory: Path) -> Path:
+    """Write ``rows`` as a part directory under ``directory`` (for ``neuron-support merge``)."""
+    writer = PartWriter(directory, session="unsaved")
+    for row in rows:
+        writer.add(row)
+    return directory
+
+
 class PartWriter:
     """Writes each finished row at once as its own JSON file (temp file + rename).
 
@@ -214,9 +222,25 @@ def diff_datasets(old_rows: Iterable[Row], new_rows: Iterable[Row]) -> list[Chan
     return changes
 
 
-def check_writable(results_dir: Path) -> None:
+#: Free space a sweep needs in its results directory before it starts: rows are small, but
+#: every item also keeps its run.py, result and log there. Less than this fails at start.
+MIN_FREE_BYTES = 64 << 20
+
+
+class ResultsDirFull(OSError):
+    """The results directory has too little free space for a sweep to record its work."""
+
+
+def check_writable(results_dir: Path, min_free: int = MIN_FREE_BYTES) -> None:
     """Raise OSError now, before the sweep, if rows could not be written later."""
     results_dir.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(results_dir).free
+    if free < min_free:
+        raise ResultsDirFull(
+            28,  # ENOSPC
+            f"only {free / (1 << 20):.1f} MiB free, a sweep needs at least {min_free >> 20} MiB for rows, "
+            "run.py files and logs",
+        )
     probe = results_dir / f".write-probe-{uuid.uuid4().hex}"
     try:
         with open(probe, "wb") as handle:

@@ -7,6 +7,7 @@ fast, and the controller process never initialises a device.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -24,7 +25,15 @@ from .caches import clean_compile_cache
 from .catalog import DEFAULT_PROMPT, DTYPES, CatalogError, ModelSpec, cli_model, load_catalog, merge_models
 from .checks import DEFAULT_JUDGE, PARITY_MODES
 from .cores import CorePool
-from .dataset import PartWriter, check_writable, expected_seconds_from_dataset, read_dataset, recover_parts
+from .dataset import (
+    PartWriter,
+    check_writable,
+    dump_rows,
+    expected_seconds_from_dataset,
+    read_dataset,
+    recover_parts,
+    write_rows,
+)
 from .devices import AUTO_ORDER, DEVICES, probe
 from .pipeline import Settings, base_row, gate, plan_model, planned_row, prior_seconds, run_model, settings_hash, slug
 from .planning import CORE_CHOICES, DEFAULT_HEADROOM, DEFAULT_MAX_CORES, Plan
@@ -74,6 +83,8 @@ catalog_key = pytest.StashKey[tuple[ModelSpec, ...]]()
 writer_key = pytest.StashKey["ResultsWriter"]()
 model_key = pytest.StashKey[ModelSpec]()
 plan_key = pytest.StashKey[Plan]()
+#: cores x expected seconds: the item's place in the sweep and in the core ledger's queue.
+cost_key = pytest.StashKey[float]()
 #: (model id, device) -> (result, settings hash) of rows already in the dataset (--resume).
 recorded_key = pytest.StashKey[dict[tuple[str, str], tuple[str, str]]]()
 
@@ -475,6 +486,16 @@ def pytest_configure_node(node: Any) -> None:
         }
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """A model sweep under the default ``--dist load`` deals items out in cost order."""
+    if config.stash.get(settings_key, None) is None or config.getvalue("dist") != "load":
+        return None
+    from .scheduling import CostOrderScheduling
+
+    return CostOrderScheduling(config, log)
+
+
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
     config = parent.config
     if catalog_key not in config.stash:
@@ -501,6 +522,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             return 0.0
         return plan.cores * history.get(item.name, prior_seconds(plan))
 
+    for item in models:
+        item.stash[cost_key] = cost(item)
     ordered = sorted(models, key=cost, reverse=True)
     others = [item for item in items if not isinstance(item, ModelItem)]
     shard = config.stash[options_key].shard
@@ -554,8 +577,16 @@ class ModelItem(pytest.Item):
                 post_load = self.config.hook.pytest_neuron_support_post_load(config=self.config, model=model) or ""
                 assert settings.lease_dir is not None
                 pool = CorePool(settings.lease_dir, settings.pool_cores)
-                with pool.lease(plan.cores, holder=self.nodeid) as lease:
-                    row = run_model(model, settings, plan, cores=(lease.first, lease.count), post_load=post_load)
+                # Leases are granted in cost order too, so the largest work is not starved.
+                priority = self.stash.get(cost_key, 0.0)
+                planned = row
+                try:
+                    with pool.lease(plan.cores, holder=self.nodeid, priority=priority) as lease:
+                        row = run_model(model, settings, plan, cores=(lease.first, lease.count), post_load=post_load)
+                except Exception as exc:  # the harness itself broke (disk full, ...): still a row
+                    row = replace(
+                        planned, result="ERROR", failure_stage="harness", error=f"{type(exc).__name__}: {exc}"
+                    )
         assert row is not None
         self.user_properties.append((ROW_PROPERTY, row.to_json()))
         if row.result in ("EXCLUDED", "SKIPPED"):
@@ -606,6 +637,10 @@ class ResultsWriter:
         self.parts = PartWriter(settings.results_dir)
         self.rows: list[Row] = []
         self.written: list[Path] = []
+        # Rows the results directory refused (disk filled mid-sweep): kept in memory, never dropped.
+        self.unsaved: list[Row] = []
+        self.write_error: OSError | None = None
+        self.rescued: Path | None = None
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         row = _row_from_report(report)
@@ -619,14 +654,31 @@ class ResultsWriter:
                     failure_stage="harness",
                     error=f"the pytest worker died while checking this model: {report.longrepr}",
                 )
-        if row is not None:
+        if row is None:
+            return
+        self.rows.append(row)
+        try:
             self.parts.add(row)
-            self.rows.append(row)
+        except OSError as exc:
+            self.unsaved.append(row)
+            self.write_error = exc
 
-    def pytest_sessionfinish(self) -> None:
-        self.written = self.parts.commit(self.settings.results_dir)
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        try:
+            self.written = write_rows(self.settings.results_dir, [*self.parts.rows(), *self.unsaved])
+            shutil.rmtree(self.parts.directory, ignore_errors=True)
+        except OSError as exc:
+            self.write_error = exc
+            self._rescue(session)
         if self.settings.lease_dir is not None:
             shutil.rmtree(self.settings.lease_dir, ignore_errors=True)
+
+    def _rescue(self, session: pytest.Session) -> None:
+        """The results directory refused the dataset: put every row somewhere else, and fail."""
+        rows = [*self.parts.rows(), *self.unsaved]
+        with contextlib.suppress(OSError):
+            self.rescued = dump_rows(rows, Path(tempfile.mkdtemp(prefix="neuron-support-unsaved-")))
+        session.exitstatus = pytest.ExitCode.INTERNAL_ERROR
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if not self.rows:
@@ -649,5 +701,18 @@ class ResultsWriter:
         tr.write_line(", ".join(f"{n} {result}" for result, n in sorted(counts.items())))
         for path in self.written:
             tr.write_line(f"Parquet: {path}")
+        if self.write_error is not None:
+            results = self.settings.results_dir
+            tr.write_line(f"could not write rows to {results}: {self.write_error}", red=True, bold=True)
+            if self.rescued is not None:
+                tr.write_line(
+                    f"all {len(self.rows)} rows were saved in {self.rescued}; free space, then recover them with: "
+                    f"neuron-support merge {self.rescued} --into {results}",
+                    red=True,
+                )
+            else:
+                tr.write_line("no other directory took them either; the rows, one JSON per line:", red=True)
+                for row in self.rows:
+                    tr.write_line(row.to_json())
         data = self.settings.results_dir / "data"
         tr.write_line(f"Read it back: pandas.read_parquet({json.dumps(str(data))})")

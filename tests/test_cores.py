@@ -101,3 +101,56 @@ def test_contiguous_aligned_placement_and_release(tmp_path: Path) -> None:
 def test_more_cores_than_the_pool_is_refused_not_waited_for(tmp_path: Path) -> None:
     with pytest.raises(LeaseTooLarge, match="5 cores asked for, the pool has 4"):
         CorePool(tmp_path, 4).acquire(5)
+
+
+def test_a_queued_larger_request_is_not_starved_and_smaller_ones_backfill_around_it(tmp_path: Path) -> None:
+    pool = CorePool(tmp_path, 8)
+    one = pool.acquire(1)  # core 0
+    pool.acquire(2)  # cores 2-3
+    pool.acquire(2)  # cores 4-5
+    # A 4-core request waits for the aligned block closest to free: 4-7 (two busy cores; 0-3 has three).
+    assert pool.try_acquire(4, priority=9.0, ticket="big") is None
+    assert [w.key for w in pool.waiting()] == ["big"]
+    # A lower-priority request may not take a core of that block though cores 6-7 are free,
+    assert pool.try_acquire(2, priority=1.0, ticket="pair") is None
+    # ... but backfills outside it: core 1.
+    small = pool.try_acquire(1, priority=1.0, ticket="small")
+    assert small is not None and small.first == 1
+    pool.release(one)
+    assert pool.try_acquire(1, priority=1.0) is not None  # core 0: still outside the block
+    assert [w.key for w in pool.waiting()] == ["big", "pair"]
+
+
+def test_equal_priorities_are_served_first_come_and_one_shot_tries_leave_no_queue(tmp_path: Path) -> None:
+    pool = CorePool(tmp_path, 2)
+    held = pool.acquire(2)
+    assert pool.try_acquire(2, ticket="first") is None
+    assert pool.try_acquire(1, ticket="second") is None
+    assert pool.try_acquire(1) is None  # no ticket: asks once, queues nothing
+    assert [w.key for w in pool.waiting()] == ["first", "second"]
+    pool.release(held)
+    assert pool.try_acquire(1, ticket="second") is None  # "first" is ahead and needs both cores
+    assert pool.try_acquire(2, ticket="first") is not None
+
+
+def test_a_killed_waiter_does_not_hold_the_line(tmp_path: Path) -> None:
+    pool = CorePool(tmp_path, 4)
+    held = pool.acquire(4)
+    waiter = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from pathlib import Path; from pytest_neuron_support.cores import CorePool\n"
+            "CorePool(Path(sys.argv[1]), 4).acquire(4, 'doomed', priority=100.0)",
+            str(tmp_path),
+        ]
+    )
+    deadline = time.monotonic() + 30
+    while not pool.waiting() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert [w.pid for w in pool.waiting()] == [waiter.pid]
+    pool.release(held)
+    os.kill(waiter.pid, signal.SIGKILL)  # killed while waiting, before it got the cores
+    waiter.wait()
+    assert pool.acquire(1, timeout=10).first == 0
+    assert pool.waiting() == []

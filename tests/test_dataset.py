@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import multiprocessing
 from pathlib import Path
 
 import pandas as pd
-import pytest
 import yaml
 
-from pytest_neuron_support.dataset import PartWriter, check_writable, read_dataset, recover_parts, write_rows
+from pytest_neuron_support.dataset import PartWriter, read_dataset, recover_parts, write_rows
 from pytest_neuron_support.records import COLUMN_DOCS, RESULTS, STAGES, Row, arrow_schema
 
 
@@ -59,33 +57,6 @@ def test_parts_survive_a_killed_session_and_are_recovered(tmp_path: Path) -> Non
     assert recover_parts(tmp_path) == 2
     assert sorted(pd.read_parquet(tmp_path / "data").model_id) == ["org/a", "org/b"]
     assert not dead.directory.exists()
-
-
-def _writer(directory: str, w: int) -> None:
-    for i in range(100):
-        write_rows(Path(directory), [row(f"org/w{w}-{i}", tags=(f"writer-{w}",), peak_host_rss_bytes=i)])
-
-
-def test_eight_concurrent_writer_processes_lose_and_corrupt_no_row(tmp_path: Path) -> None:
-    ctx = multiprocessing.get_context("spawn")
-    writers = [ctx.Process(target=_writer, args=(str(tmp_path), w)) for w in range(8)]
-    for p in writers:
-        p.start()
-    for p in writers:
-        p.join(300)
-        assert p.exitcode == 0
-    df = pd.read_parquet(tmp_path / "data")
-    assert len(df) == 800 and df.model_id.is_unique
-    for record in df.itertuples():
-        w, i = record.model_id.removeprefix("org/w").split("-")
-        assert list(record.tags) == [f"writer-{w}"] and record.peak_host_rss_bytes == int(i)
-
-
-def test_unwritable_results_dir_fails_before_the_sweep(tmp_path: Path) -> None:
-    blocker = tmp_path / "file"
-    blocker.write_text("not a directory")
-    with pytest.raises(OSError):
-        check_writable(blocker / "results")
 
 
 def test_row_json_round_trip() -> None:

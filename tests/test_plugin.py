@@ -105,14 +105,6 @@ def test_malformed_catalog_stops_the_run_with_one_clear_error(pytester: pytest.P
     result.stderr.fnmatch_lines(["*models.yaml:4: entry 'org/x': field 'cores': not an allowed core count (got 3)*"])
 
 
-def test_unwritable_results_dir_is_refused_before_any_work(pytester: pytest.Pytester) -> None:
-    pytester.makefile(".yaml", models=CATALOG)
-    (pytester.path / "blocker").write_text("a file, not a directory")
-    result = pytester.runpytest_subprocess("--device=cpu", "--results-dir=blocker/results")
-    assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*--results-dir=*blocker/results is not writable*"])
-
-
 def test_plain_test_runs_are_untouched(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_x="def test_x():\n    assert True\n")
     result = pytester.runpytest_subprocess("test_x.py")
