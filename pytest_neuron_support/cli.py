@@ -1,4 +1,4 @@
-"""The ``neuron-support`` command: build the tiny zoo, look rows up."""
+"""The ``neuron-support`` command: build the tiny zoo, look rows up, rerun one, render the viewer."""
 
 from __future__ import annotations
 
@@ -86,6 +86,99 @@ def _diff(args: argparse.Namespace) -> int:
     return 1 if counts.get("regressed") else 0
 
 
+def _catalog_extra_packages(models_file: str | None, model: str) -> tuple[str, ...]:
+    """The catalog entry's extra_packages, when a catalog is at hand (a missing one costs nothing)."""
+    from .catalog import CatalogError, load_catalog
+
+    path = Path(models_file or "models.yaml")
+    if not path.is_file():
+        return ()
+    try:
+        catalog = load_catalog(path)
+    except CatalogError:
+        return ()  # `runscript` prints what ran; a broken catalog only loses the extra packages
+    return next((spec.extra_packages for spec in catalog.models if spec.id == model), ())
+
+
+def _runscript(args: argparse.Namespace) -> int:
+    from .dataset import read_dataset, stack_stem
+    from .viewer import reproduction
+
+    results = Path(args.results_dir)
+    rows = read_dataset(results)
+    stacks = sorted({stack_stem(r) for r in rows})
+    shown = ", ".join(stacks) or "none"
+    if args.stack is not None and args.stack not in stacks:
+        print(
+            f"neuron-support runscript: no stack {args.stack} under {results / 'data'}; stacks there: {shown}",
+            file=sys.stderr,
+        )
+        return 2
+    mine = [r for r in rows if r.model_id == args.model]
+    if not mine:
+        print(
+            f"neuron-support runscript: no row for {args.model} under {results / 'data'} (stacks there: {shown})",
+            file=sys.stderr,
+        )
+        return 2
+    candidates = [r for r in mine if args.stack is None or stack_stem(r) == args.stack]
+    if args.device is not None:
+        candidates = [r for r in candidates if r.device == args.device]
+    if not candidates:
+        where = ", ".join(sorted({f"{stack_stem(r)} ({r.device})" for r in mine}))
+        print(
+            f"neuron-support runscript: {args.model} has no row for stack {args.stack or 'any'}"
+            f"{' on ' + args.device if args.device else ''}; it has rows on: {where}",
+            file=sys.stderr,
+        )
+        return 2
+    # Without --stack, the newest run is what people ask about.
+    row = max(candidates, key=lambda r: (r.timestamp, stack_stem(r)))
+    again = reproduction(row, _catalog_extra_packages(args.models_file, args.model))
+    if args.script_only:
+        if again.runscript is None:
+            print(f"neuron-support runscript: no run.py was recorded for {args.model} ({row.result})", file=sys.stderr)
+            return 1
+        sys.stdout.write(again.runscript)
+        return 0
+    sys.stdout.write(again.instructions())
+    if again.runscript is None:
+        print(f"# no run.py was recorded: nothing ran for this row ({row.result}: {row.error or row.exclude_reason})")
+        return 1
+    print("# ---- run.py ----")
+    sys.stdout.write(again.runscript if again.runscript.endswith("\n") else again.runscript + "\n")
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from .catalog import CatalogError, load_catalog
+    from .viewer import live_hub_view, no_hub_view, snapshot_hub_view, write_report
+
+    catalog = None
+    models_file = Path(args.models_file) if args.models_file else Path("models.yaml")
+    if args.models_file or models_file.is_file():
+        try:
+            catalog = load_catalog(models_file)
+        except CatalogError as exc:
+            print(f"neuron-support report: {exc}", file=sys.stderr)
+            return 2
+    if args.limit < 1:
+        print(f"neuron-support report: --limit must be at least 1 (got {args.limit})", file=sys.stderr)
+        return 2
+    if args.no_hub:
+        hub_view = no_hub_view()
+    elif args.hub_snapshot:
+        hub_view = snapshot_hub_view(Path(args.hub_snapshot))
+    else:
+        hub_view = live_hub_view(args.limit, args.hub_timeout)
+    report = write_report(Path(args.results_dir), catalog, hub_view, Path(args.out))
+    print(f"{report.rows} rows on {len(report.stacks)} stacks; catalog: {models_file if catalog else 'none'}")
+    if report.hub_unavailable:
+        print(f"Hub rankings unavailable: {report.hub_unavailable}")
+    print(f"wrote {report.index} (open it from disk, or upload {report.index.parent} as a static Space)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="neuron-support", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -112,6 +205,32 @@ def build_parser() -> argparse.ArgumentParser:
     diff.add_argument("new", help="dataset folder (the candidate)")
     diff.add_argument("-v", "--verbose", action="store_true", help="also list unchanged models")
     diff.set_defaults(func=_diff)
+    runscript = sub.add_parser(
+        "runscript", help="the run.py that ran for a model, the packages to install and the NEFF-cache sync command"
+    )
+    runscript.add_argument("model", help="Hub id (or local checkpoint path) as recorded in the dataset")
+    runscript.add_argument(
+        "--stack", help="stack file stem, e.g. neuronxcc-2.21.0__transformers-5.24.0 (default: newest)"
+    )
+    runscript.add_argument("--device", help="device kind of the row (default: the newest row's)")
+    runscript.add_argument("--results-dir", default="results", help="dataset folder (default results)")
+    runscript.add_argument(
+        "--models-file", help="catalog whose extra_packages to include (default models.yaml when present)"
+    )
+    runscript.add_argument("--script-only", action="store_true", help="print only run.py (e.g. > run.py)")
+    runscript.set_defaults(func=_runscript)
+    report = sub.add_parser("report", help="write the self-contained viewer (index.html) for a dataset")
+    report.add_argument("--results-dir", default="results", help="dataset folder (default results)")
+    report.add_argument("--models-file", help="catalog for the Selected view (default models.yaml when present)")
+    report.add_argument("--out", default="site", help="folder to write index.html into (default site)")
+    hub_source = report.add_mutually_exclusive_group()
+    hub_source.add_argument("--no-hub", action="store_true", help="do not fetch the Hub's Trending/Downloads rankings")
+    hub_source.add_argument("--hub-snapshot", metavar="FILE", help="use rankings saved earlier (hub-rankings.json)")
+    report.add_argument("--limit", type=int, default=50, help="models per Hub ranking (default 50)")
+    report.add_argument(
+        "--hub-timeout", type=float, default=120.0, help="seconds allowed for all Hub rankings (default 120)"
+    )
+    report.set_defaults(func=_report)
     return parser
 
 

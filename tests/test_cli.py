@@ -83,3 +83,75 @@ def test_workflow_is_well_formed() -> None:
     assert any("neuron-support diff" in s.get("run", "") for s in merge_steps)
     publish = next(s for s in merge_steps if s.get("name") == "Publish")
     assert "HF_TOKEN" in publish["if"]
+
+
+def neuron_row(model: str, result: str, version: str, stamp: str, **kwargs: object) -> Row:
+    fields: dict[str, object] = {
+        "model_id": model,
+        "result": result,
+        "library_version": version,
+        "timestamp": stamp,
+        "device": "neuron",
+        "neuronx_cc": "2.21.33",
+        "torch_neuronx": "2.9.0.2.10",
+        "torch": "2.9.0",
+        "python": "3.11.7",
+        "neuron_cores": 2,
+        "runscript": f"# run.py of {model} on {version}\nprint('hello')\n",
+    }
+    fields.update(kwargs)
+    return Row(**fields)  # type: ignore[arg-type]
+
+
+def test_runscript_prints_the_script_packages_and_neff_sync(tmp_path: Path) -> None:
+    write_rows(
+        tmp_path,
+        [
+            neuron_row("org/a", "PASS", "5.24.0", "2026-11-30T01:00:00+00:00"),
+            neuron_row("org/a", "ERROR", "5.25.0", "2026-11-30T02:00:00+00:00"),
+            neuron_row("org/b", "SKIPPED", "5.25.0", "2026-11-30T02:00:00+00:00", runscript=None, error="needs 32"),
+        ],
+    )
+    catalog = tmp_path / "models.yaml"
+    catalog.write_text("models:\n  - id: org/a\n    task: text-generation\n    extra_packages: [einops]\n")
+    done = cli("runscript", "org/a", "--results-dir", str(tmp_path), "--models-file", str(catalog))
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "# run.py of org/a on 5.25.0" in out  # the newest stack by default
+    assert "pip install --extra-index-url https://pip.repos.neuron.amazonaws.com neuronx-cc==2.21.33" in out
+    assert "pip install torch==2.9.0 transformers==5.25.0 einops" in out
+    assert "hf buckets sync hf://buckets/aws-neuron/torch-neuronx-neff-cache/neuronxcc-2.21.33 /tmp/neff_cache" in out
+    assert "NEURON_RT_VISIBLE_CORES=0-1 TORCH_NEURONX_NEFF_CACHE_DIR=/tmp/neff_cache python3 run.py" in out
+
+    old = cli("runscript", "org/a", "--stack", "neuronxcc-2.21.33__transformers-5.24.0", "--results-dir", str(tmp_path))
+    assert old.returncode == 0, old.stderr
+    assert "# run.py of org/a on 5.24.0" in old.stdout and "einops" not in old.stdout  # no catalog given here
+    only = cli("runscript", "org/a", "--script-only", "--results-dir", str(tmp_path))
+    assert only.stdout == "# run.py of org/a on 5.25.0\nprint('hello')\n"
+
+    skipped = cli("runscript", "org/b", "--results-dir", str(tmp_path))
+    assert skipped.returncode == 1 and "no run.py was recorded" in skipped.stdout
+
+
+def test_runscript_without_a_row_says_which_stacks_exist(tmp_path: Path) -> None:
+    write_rows(tmp_path, [neuron_row("org/a", "PASS", "5.24.0", "2026-11-30T01:00:00+00:00")])
+    stack = "neuronxcc-2.21.33__transformers-5.24.0"
+    missing = cli("runscript", "org/zzz", "--results-dir", str(tmp_path))
+    assert missing.returncode == 2
+    assert "no row for org/zzz" in missing.stderr and stack in missing.stderr
+    wrong = cli("runscript", "org/a", "--stack", "neuronxcc-9__transformers-9", "--results-dir", str(tmp_path))
+    assert wrong.returncode == 2
+    assert "no stack neuronxcc-9__transformers-9" in wrong.stderr and stack in wrong.stderr
+    other_device = cli("runscript", "org/a", "--device", "cpu", "--results-dir", str(tmp_path))
+    assert other_device.returncode == 2 and f"{stack} (neuron)" in other_device.stderr
+    empty = cli("runscript", "org/a", "--results-dir", str(tmp_path / "nothing"))
+    assert empty.returncode == 2 and "stacks there: none" in empty.stderr
+
+
+def test_report_writes_index_html(tmp_path: Path) -> None:
+    write_rows(tmp_path / "results", [neuron_row("org/a", "PASS", "5.24.0", "2026-11-30T01:00:00+00:00")])
+    done = cli("report", "--results-dir", str(tmp_path / "results"), "--out", str(tmp_path / "site"), "--no-hub")
+    assert done.returncode == 0, done.stderr
+    assert "1 rows on 1 stacks" in done.stdout and "Hub rankings unavailable: not fetched (--no-hub)" in done.stdout
+    assert (tmp_path / "site" / "index.html").read_text().startswith("<!DOCTYPE html>")
+    assert cli("report", "--limit", "0", "--no-hub", "--out", str(tmp_path / "x")).returncode == 2

@@ -1,0 +1,586 @@
+"""The viewer as people use it: `neuron-support report` run as a command, the page opened from disk
+in a real headless Chromium (Debian's ``chromium`` + ``chromium-driver``, driven by Selenium), the
+Hub rankings served by the loopback Hub (``tests/hubserver.py``) through ``HF_ENDPOINT``.
+
+Nothing is patched: the report is a subprocess, the Hub is a real HTTP server, the browser is a
+real browser with networking switched off. A screenshot of the page is kept under
+``tests/artifacts/`` (git-ignored) as evidence of what a person sees.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+import yaml
+from hubserver import HubServer, ModelRecord
+
+from pytest_neuron_support import viewer
+from pytest_neuron_support.dataset import DATA_DIR, write_rows
+from pytest_neuron_support.records import COLUMN_TYPES, Row
+
+REPO = Path(__file__).resolve().parent.parent
+ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMEDRIVER = Path("/usr/bin/chromedriver")
+CANARY = "hf_CanaryTokenDoNotLeak0123456789"
+XSS = '<script>window.__xss = 1</script><img src=x onerror="window.__xss = 2">'
+
+OLD, NEW = "5.24.0", "5.25.0"
+CC = "2.21.33"
+
+CATALOG = """
+models:
+  - id: org/alpha-1b
+    task: text-generation
+    tags: [dense]
+  - id: org/beta-7b
+    task: text-generation
+    extra_packages: ["einops>=0.8"]
+  - id: org/gamma-vl
+    task: image-text-to-text
+  - id: org/huge-400b
+    task: text-generation
+    exclude:
+      reason: too-large
+      note: "needs 32 cores"
+  - id: org/never-run
+    task: text-generation
+"""
+
+HUB_MODELS = [
+    ModelRecord("org/alpha-1b", downloads=900, likes=9, trending_score=50, pipeline_tag="text-generation"),
+    ModelRecord("org/huge-400b", downloads=800, likes=8, trending_score=40, pipeline_tag="text-generation"),
+    ModelRecord("hub/fresh-model", downloads=5000, likes=7, trending_score=30, pipeline_tag="text-generation"),
+    ModelRecord("org/gamma-vl", downloads=100, likes=1, trending_score=5, pipeline_tag="image-text-to-text"),
+    ModelRecord("hub/other-vlm", downloads=10, likes=0, trending_score=1, pipeline_tag="image-text-to-text"),
+]
+
+RUNSCRIPT = "#!/usr/bin/env python3\n# run.py of {model}\nSPEC = {{'model': '{model}'}}\nprint('x < y && z > w')\n"
+
+
+def make_row(model: str, result: str, version: str, **kwargs: Any) -> Row:
+    defaults: dict[str, Any] = {
+        "model_id": model,
+        "result": result,
+        "library_version": version,
+        "neuronx_cc": CC,
+        "torch_neuronx": "2.9.0.2.10",
+        "torch": "2.9.0",
+        "python": "3.11.7",
+        "device": "neuron",
+        "neuron_cores": 1,
+        "tp_size": 1,
+        "ep_size": 1,
+        "timestamp": f"2026-11-30T0{1 if version == OLD else 2}:00:00+00:00",
+        "runscript": RUNSCRIPT.format(model=model),
+    }
+    defaults.update(kwargs)
+    return Row(**defaults)
+
+
+def dataset_rows() -> list[Row]:
+    return [
+        make_row(
+            "org/alpha-1b",
+            "PASS",
+            OLD,
+            parameters=1_000_000_000,
+            weight_bytes=2_000_000_000,
+            run_s=120.0,
+            load_s=20.0,
+            compile_s=80.0,
+            generate_s=5.0,
+            peak_device_memory_bytes=3 * 2**30,
+        ),
+        make_row(
+            "org/beta-7b",
+            "ERROR",
+            OLD,
+            failure_stage="compile",
+            error=f"RuntimeError: {XSS}",
+            parameters=7_000_000_000,
+            run_s=600.0,
+            neuron_cores=4,
+            tp_size=4,
+        ),
+        make_row(
+            "org/gamma-vl",
+            "FAIL",
+            OLD,
+            task="image-text-to-text",
+            failure_stage="parity",
+            parameters=3_000_000_000,
+            run_s=300.0,
+        ),
+        make_row("org/alpha-1b", "TIMEOUT", NEW, failure_stage="compile", parameters=10**9, run_s=3600.0),
+        make_row(
+            "org/beta-7b",
+            "PASS",
+            NEW,
+            parameters=7 * 10**9,
+            run_s=400.0,
+            compile_s=300.0,
+            load_s=50.0,
+            generate_s=10.0,
+            neuron_cores=4,
+            tp_size=4,
+        ),
+        make_row("cli/extra-model", "PASS", NEW, source="cli", parameters=5 * 10**8, run_s=60.0),
+    ]
+
+
+def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pytest_neuron_support.cli", *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, **(env or {})},
+        timeout=timeout,
+    )
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    base = tmp_path_factory.mktemp("viewer")
+    write_rows(base / "results", dataset_rows())
+    (base / "models.yaml").write_text(CATALOG, encoding="utf-8")
+    return base
+
+
+@pytest.fixture(scope="module")
+def site(dataset: Path) -> Path:
+    """`neuron-support report` against the loopback Hub, with a token in the environment."""
+    with HubServer(HUB_MODELS) as server:
+        done = cli(
+            "report",
+            "--results-dir",
+            str(dataset / "results"),
+            "--models-file",
+            str(dataset / "models.yaml"),
+            "--out",
+            str(dataset / "site"),
+            "--limit",
+            "10",
+            env={**server.env(), "HF_TOKEN": CANARY},
+        )
+        # One listing per (task, sort); the client may also ask for its own registry (agent-harnesses).
+        listings = server.requests_to("/api/models")
+        assert sorted((r.param("pipeline_tag"), r.param("sort")) for r in listings) == sorted(
+            (task, sort)
+            for task in ("text-generation", "image-text-to-text")
+            for sort in ("trendingScore", "downloads")
+        )
+    assert done.returncode == 0, done.stderr
+    assert "Hub rankings unavailable" not in done.stdout
+    return dataset / "site"
+
+
+def embedded(index: Path) -> dict[str, Any]:
+    html = index.read_text(encoding="utf-8")
+    match = re.search(r'<script type="application/json" id="report-data">(.*?)</script>', html, re.S)
+    assert match is not None
+    data: dict[str, Any] = json.loads(match.group(1))
+    return data
+
+
+# --- the files the report writes ---------------------------------------------------------------
+
+
+def test_report_writes_a_self_contained_site(site: Path) -> None:
+    assert sorted(p.name for p in site.iterdir()) == ["README.md", "hub-rankings.json", "index.html"]
+    html = (site / "index.html").read_text(encoding="utf-8")
+    # Nothing is loaded from anywhere: no external script, stylesheet, image or fetch.
+    assert not re.search(r"<(script|link|img|iframe)[^>]+(src|href)=", html)
+    assert "fetch(" not in html and "XMLHttpRequest" not in html
+    assert "default-src 'none'" in html
+    card = yaml.safe_load((site / "README.md").read_text(encoding="utf-8").split("---")[1])
+    assert card["sdk"] == "static" and card["app_file"] == "index.html"
+
+
+def test_embedded_data_joins_catalog_rows_and_hub(site: Path) -> None:
+    data = embedded(site / "index.html")
+    assert [s["library_version"] for s in data["stacks"]] == [OLD, NEW]
+    assert data["default_stack"] == f"neuronxcc-{CC}__transformers-{NEW}"  # the newest
+    assert [m["id"] for m in data["catalog"]["models"]][-2:] == ["org/huge-400b", "org/never-run"]
+    assert data["catalog"]["models"][3]["exclude_reason"] == "too-large"
+    trending = [r for r in data["hub"]["rankings"] if (r["task"], r["sort"]) == ("text-generation", "trending")]
+    assert [m["id"] for m in trending[0]["models"]] == ["org/alpha-1b", "org/huge-400b", "hub/fresh-model"]
+    assert all(r["error"] is None and r["fetched_at"] and r["elapsed_s"] >= 0 for r in data["hub"]["rankings"])
+    beta = next(r for r in data["rows"] if r["model_id"] == "org/beta-7b" and r["library_version"] == NEW)
+    assert beta["install"][-1] == f"pip install torch==2.9.0 transformers=={NEW} 'einops>=0.8'"
+    assert (
+        beta["sync"]
+        == f"hf buckets sync hf://buckets/aws-neuron/torch-neuronx-neff-cache/neuronxcc-{CC} /tmp/neff_cache"
+    )
+
+
+def test_one_schema_drives_the_columns(site: Path) -> None:
+    data = embedded(site / "index.html")
+    assert [c["name"] for c in data["columns"]] == list(COLUMN_TYPES)
+    for name in (*viewer.TABLE_COLUMNS, *viewer.DETAIL_COLUMNS, *viewer.SPLIT_COLUMNS):
+        assert name in COLUMN_TYPES, name
+    assert set(data["results"]) == {"PASS", "FAIL", "ERROR", "TIMEOUT", "SKIPPED", "EXCLUDED"}
+
+
+def test_tokens_appear_nowhere(site: Path) -> None:
+    for path in site.iterdir():
+        assert CANARY not in path.read_text(encoding="utf-8"), path
+
+
+def test_markup_in_data_cannot_close_the_script(site: Path) -> None:
+    html = (site / "index.html").read_text(encoding="utf-8")
+    assert "window.__xss" in html  # the error is there...
+    assert "<script>window.__xss" not in html and "<img src=x" not in html  # ...but never as markup
+    assert html.count("</script>") == 2  # the data tag and the code tag, nothing smuggled
+
+
+def test_embed_json_round_trips_hostile_text() -> None:
+    hostile = {"a": "</script><!-- & \u2028 \u2029 >", "n": float("nan")}
+    text = viewer.embed_json({"a": hostile["a"]})
+    assert "<" not in text and ">" not in text and "&" not in text
+    assert json.loads(text) == {"a": hostile["a"]}
+
+
+# --- the Hub failing or skipped ----------------------------------------------------------------
+
+
+def test_hub_down_still_renders_and_says_why(dataset: Path, tmp_path: Path) -> None:
+    with HubServer(HUB_MODELS) as server:
+        server.fail_with = 500
+        server.retry_after = 0
+        done = cli(
+            "report",
+            "--results-dir",
+            str(dataset / "results"),
+            "--models-file",
+            str(dataset / "models.yaml"),
+            "--out",
+            str(tmp_path / "site"),
+            "--hub-timeout",
+            "2",
+            env=server.env(),
+        )
+        server.heal()
+    assert done.returncode == 0, done.stderr
+    assert "Hub rankings unavailable" in done.stdout
+    data = embedded(tmp_path / "site" / "index.html")
+    assert data["hub"]["unavailable"] and "500" in data["hub"]["unavailable"]
+    assert len(data["rows"]) == len(dataset_rows())
+
+
+def test_unreachable_hub_and_no_hub(dataset: Path, tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    args = ("report", "--results-dir", str(dataset / "results"), "--models-file", str(dataset / "models.yaml"))
+    done = cli(
+        *args,
+        "--out",
+        str(tmp_path / "a"),
+        "--hub-timeout",
+        "2",
+        env={"HF_ENDPOINT": f"http://127.0.0.1:{port}", "HF_HUB_OFFLINE": "0"},
+    )
+    assert done.returncode == 0, done.stderr
+    assert (
+        f"no answer from http://127.0.0.1:{port}/api/models"
+        in embedded(tmp_path / "a" / "index.html")["hub"]["unavailable"]
+    )
+    done = cli(*args, "--out", str(tmp_path / "b"), "--no-hub")
+    assert done.returncode == 0, done.stderr
+    assert embedded(tmp_path / "b" / "index.html")["hub"]["unavailable"] == "not fetched (--no-hub)"
+    assert not (tmp_path / "b" / "hub-rankings.json").exists()
+
+
+def test_saved_snapshot_is_reused(site: Path, dataset: Path, tmp_path: Path) -> None:
+    done = cli(
+        "report",
+        "--results-dir",
+        str(dataset / "results"),
+        "--models-file",
+        str(dataset / "models.yaml"),
+        "--out",
+        str(tmp_path / "again"),
+        "--hub-snapshot",
+        str(site / "hub-rankings.json"),
+    )
+    assert done.returncode == 0, done.stderr
+    again = embedded(tmp_path / "again" / "index.html")["hub"]
+    assert again["source"] == "snapshot"
+    assert again["rankings"] == embedded(site / "index.html")["hub"]["rankings"]
+    broken = tmp_path / "broken.json"
+    broken.write_text("{}", encoding="utf-8")
+    done = cli(
+        "report", "--results-dir", str(dataset / "results"), "--out", str(tmp_path / "c"), "--hub-snapshot", str(broken)
+    )
+    assert done.returncode == 0, done.stderr
+    assert "cannot read the Hub snapshot" in embedded(tmp_path / "c" / "index.html")["hub"]["unavailable"]
+
+
+def test_report_on_an_empty_dataset_and_a_bad_catalog(tmp_path: Path) -> None:
+    done = cli("report", "--results-dir", str(tmp_path / "none"), "--out", str(tmp_path / "site"), "--no-hub")
+    assert done.returncode == 0, done.stderr
+    assert embedded(tmp_path / "site" / "index.html")["stacks"] == []
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("models: [{id: 'not an id'}]\n", encoding="utf-8")
+    done = cli("report", "--models-file", str(bad), "--out", str(tmp_path / "x"), "--no-hub")
+    assert done.returncode == 2 and "bad.yaml" in done.stderr
+
+
+# --- the dataset and its card agree ------------------------------------------------------------
+
+
+def test_read_parquet_and_the_cards_configs_agree_on_the_files(dataset: Path) -> None:
+    results = dataset / "results"
+    front = (results / "README.md").read_text(encoding="utf-8").split("---\n")[1]
+    configs = {c["config_name"]: c["data_files"] for c in yaml.safe_load(front)["configs"]}
+    files = sorted(p.relative_to(results).as_posix() for p in (results / DATA_DIR).glob("*.parquet"))
+    per_stack = sorted(files_[0]["path"] for name, files_ in configs.items() if name != "default")
+    assert per_stack == files
+    assert {name for name in configs if name != "default"} == {Path(f).stem for f in files}
+    assert sorted(p.relative_to(results).as_posix() for p in results.glob(configs["default"][0]["path"])) == files
+    everything = pd.read_parquet(results / DATA_DIR)
+    assert len(everything) == sum(len(pd.read_parquet(results / f)) for f in per_stack) == len(dataset_rows())
+    assert sorted(everything.library_version.unique()) == [OLD, NEW]
+
+
+# --- reproduction text shared with `runscript` -------------------------------------------------
+
+
+def test_reproduction_of_a_neuron_row() -> None:
+    row = make_row("org/m", "PASS", NEW, neuron_cores=4, torch="2.9.0+cpu")
+    again = viewer.reproduction(row, ("einops",))
+    assert again.install == (
+        f"pip install --extra-index-url {viewer.NEURON_PIP_INDEX} neuronx-cc=={CC} torch-neuronx==2.9.0.2.10",
+        f"pip install torch==2.9.0 transformers=={NEW} einops",
+    )
+    assert again.sync == f"hf buckets sync {viewer.NEFF_CACHE_BUCKET}/neuronxcc-{CC} /tmp/neff_cache"
+    assert again.run == (
+        "NEURON_RT_VISIBLE_CORES=0-3 TORCH_NEURONX_NEFF_CACHE_DIR=/tmp/neff_cache python3 run.py --out result.json"
+    )
+    assert again.sync in again.instructions() and again.run in again.instructions()
+
+
+def test_reproduction_off_trainium() -> None:
+    row = Row(model_id="org/m", result="PASS", device="cpu", torch="2.13.0", library_version=NEW)
+    again = viewer.reproduction(row)
+    assert again.install == (f"pip install torch==2.13.0 transformers=={NEW}",)
+    assert again.sync is None
+    assert again.run == "python3 run.py --out result.json"
+    cuda = viewer.reproduction(Row(model_id="org/m", result="PASS", device="cuda", neuron_cores=2))
+    assert cuda.run == "CUDA_VISIBLE_DEVICES=0,1 python3 run.py --out result.json"
+
+
+def test_viewer_does_not_import_torch_or_transformers() -> None:
+    code = (
+        "import sys; import pytest_neuron_support.viewer, pytest_neuron_support.cli\n"
+        "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
+
+
+# --- in a real browser -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    if not (CHROMIUM.exists() and CHROMEDRIVER.exists()):
+        pytest.skip(
+            "BROWSER TESTS NOT RUN: /usr/bin/chromium or /usr/bin/chromedriver is missing; "
+            "install them with `apt-get install -y --no-install-recommends chromium chromium-driver` (.ci/run does)"
+        )
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for flag in (
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        "--disable-dev-shm-usage",
+        "--window-size=1400,1000",
+        f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}",
+    ):
+        options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    # An explicit driver path: Selenium Manager (which would go to the network) never runs.
+    driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def wait_for(predicate: Any, timeout_s: float = 10.0) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(0.05)
+
+
+def table(driver: Any) -> dict[str, str]:
+    """model id -> result, as the table shows them now."""
+    from selenium.webdriver.common.by import By
+
+    return {
+        tr.get_attribute("data-model"): tr.get_attribute("data-result")
+        for tr in driver.find_elements(By.CSS_SELECTOR, "#models tbody tr")
+    }
+
+
+@pytest.fixture
+def page(browser: Any, site: Path) -> Any:
+    browser.get((site / "index.html").as_uri())
+    assert wait_for(lambda: browser.execute_script("return document.body.dataset.ready") == "true")
+    return browser
+
+
+def test_page_opens_from_disk_with_no_errors_and_no_requests(page: Any) -> None:
+    assert page.current_url.startswith("file://")
+    assert page.execute_script("return performance.getEntriesByType('resource').length") == 0
+    logs = [entry for entry in page.get_log("browser") if entry["level"] == "SEVERE"]
+    assert logs == []
+
+
+def test_selected_view_joins_the_catalog_with_the_newest_stack(page: Any) -> None:
+    assert table(page) == {
+        "org/alpha-1b": "TIMEOUT",
+        "org/beta-7b": "PASS",
+        "org/gamma-vl": "not tested",
+        "org/huge-400b": "EXCLUDED",
+        "org/never-run": "not tested",
+        "cli/extra-model": "PASS",
+    }
+    # Headers explain themselves with the schema's own docs.
+    from selenium.webdriver.common.by import By
+
+    header = page.find_element(By.XPATH, "//th[text()='neuron_cores']")
+    assert header.get_attribute("title") == "cores (devices off Trainium) the run used"
+
+
+def test_search_filters_rows(page: Any) -> None:
+    from selenium.webdriver.common.by import By
+
+    page.find_element(By.ID, "search").send_keys("BETA")
+    assert wait_for(lambda: list(table(page)) == ["org/beta-7b"])
+    page.find_element(By.ID, "search").clear()
+    page.find_element(By.ID, "search").send_keys("zzz")
+    assert wait_for(lambda: table(page) == {})
+    assert page.find_element(By.ID, "empty").is_displayed()
+
+
+def test_version_selector_switches_stack(page: Any) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    Select(page.find_element(By.ID, "library")).select_by_visible_text(f"transformers {OLD}")
+    assert wait_for(lambda: table(page).get("org/alpha-1b") == "PASS")
+    assert table(page) == {
+        "org/alpha-1b": "PASS",
+        "org/beta-7b": "ERROR",
+        "org/gamma-vl": "FAIL",
+        "org/huge-400b": "EXCLUDED",
+        "org/never-run": "not tested",
+        "cli/extra-model": "not tested",
+    }
+    assert f"transformers {OLD}" in page.find_element(By.ID, "stack-info").text
+    # The failure stage carries its definition, the plot shows this stack's three measured rows.
+    assert len(page.find_elements(By.CSS_SELECTOR, "#plot circle[data-model]")) == 3
+    Select(page.find_element(By.ID, "task")).select_by_value("image-text-to-text")
+    assert wait_for(lambda: table(page) == {"org/gamma-vl": "FAIL"})
+
+
+def test_hostile_error_renders_as_text(page: Any) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    Select(page.find_element(By.ID, "library")).select_by_visible_text(f"transformers {OLD}")
+    cell = page.find_element(By.CSS_SELECTOR, "tr[data-model='org/beta-7b'] td.error")
+    assert cell.text == f"RuntimeError: {XSS}"
+    assert page.execute_script("return window.__xss === undefined")
+    assert page.find_elements(By.CSS_SELECTOR, "#models img") == []
+
+
+def test_trending_view_shows_hub_models_tested_or_not(page: Any) -> None:
+    from selenium.webdriver.common.by import By
+
+    page.find_element(By.ID, "view-trending").click()
+    assert wait_for(lambda: "hub/fresh-model" in table(page))
+    assert table(page) == {
+        "org/alpha-1b": "TIMEOUT",
+        "org/huge-400b": "EXCLUDED",
+        "hub/fresh-model": "not tested",
+        "org/gamma-vl": "not tested",
+        "hub/other-vlm": "not tested",
+    }
+    ids = [tr.get_attribute("data-model") for tr in page.find_elements(By.CSS_SELECTOR, "#models tbody tr")]
+    assert ids[:3] == ["org/alpha-1b", "org/huge-400b", "hub/fresh-model"]  # the Hub's order
+    huge = page.find_element(By.CSS_SELECTOR, "tr[data-model='org/huge-400b']")
+    assert "too-large: needs 32 cores" in huge.text
+    assert "Hub snapshot taken" in page.find_element(By.ID, "hub-info").text
+    page.find_element(By.ID, "view-downloads").click()
+    assert wait_for(lambda: next(iter(table(page)), None) == "hub/fresh-model")  # most downloads first
+
+
+def test_model_detail_shows_runscript_and_how_to_rerun(page: Any) -> None:
+    from selenium.webdriver.common.by import By
+
+    page.find_element(By.CSS_SELECTOR, "button.model[data-model='org/beta-7b']").click()
+    detail = page.find_element(By.ID, "detail")
+    assert wait_for(detail.is_displayed)
+    assert page.find_element(By.ID, "runscript").text == RUNSCRIPT.format(model="org/beta-7b").rstrip("\n")
+    assert "einops>=0.8" in page.find_element(By.ID, "install").text
+    assert page.find_element(By.ID, "sync").text == (
+        f"hf buckets sync hf://buckets/aws-neuron/torch-neuronx-neff-cache/neuronxcc-{CC} /tmp/neff_cache"
+    )
+    assert page.find_element(By.ID, "run").text.startswith("NEURON_RT_VISIBLE_CORES=0-3 ")
+    assert "load_s 50.0 s · compile_s 300 s · generate_s 10.0 s · other 40.0 s" in detail.text  # the split
+    ARTIFACTS.mkdir(exist_ok=True)
+    shot = ARTIFACTS / "viewer.png"
+    assert page.save_screenshot(str(shot))
+    assert shot.stat().st_size > 10_000
+    print(f"screenshot: {shot}")
+    page.find_element(By.ID, "detail-close").click()
+    assert wait_for(lambda: not detail.is_displayed())
+
+
+def test_hub_unavailable_is_shown_in_the_page(browser: Any, dataset: Path, tmp_path: Path) -> None:
+    from selenium.webdriver.common.by import By
+
+    done = cli("report", "--results-dir", str(dataset / "results"), "--out", str(tmp_path / "s"), "--no-hub")
+    assert done.returncode == 0, done.stderr
+    browser.get((tmp_path / "s" / "index.html").as_uri())
+    assert wait_for(lambda: browser.execute_script("return document.body.dataset.ready") == "true")
+    browser.find_element(By.ID, "view-trending").click()
+    notice = wait_for(lambda: browser.find_elements(By.ID, "hub-unavailable"))
+    assert notice[0].text == "Hub rankings unavailable: not fetched (--no-hub)"
+    assert table(browser) == {}
+
+
+def test_chromium_is_what_ci_installs() -> None:
+    # The browser tests above must not be skipped in CI by accident.
+    ci = (REPO / ".ci" / "run").read_text(encoding="utf-8")
+    assert "chromium chromium-driver" in ci
+    assert shutil.which("chromium") or not os.environ.get("CI"), "CI must have chromium installed"
