@@ -15,7 +15,11 @@ from typing import Any
 
 import yaml
 
-TASKS: tuple[str, ...] = ("text-generation", "image-text-to-text")
+#: Tasks that generate greedy tokens and are judged token by token (docs/tasks.md).
+GENERATION_TASKS: tuple[str, ...] = ("text-generation", "image-text-to-text")
+#: Tasks that embed a fixed set of sentences and are judged by cosine similarity (docs/tasks.md).
+EMBEDDING_TASKS: tuple[str, ...] = ("feature-extraction", "sentence-similarity")
+TASKS: tuple[str, ...] = GENERATION_TASKS + EMBEDDING_TASKS
 DTYPES: tuple[str, ...] = ("bfloat16", "float16", "float32")
 EXCLUDE_REASONS: tuple[str, ...] = ("low-priority", "incompatible", "remote-code", "too-large")
 CORE_COUNTS: tuple[int, ...] = (1, 2, 4, 8, 16)
@@ -39,6 +43,7 @@ _ENTRY_FIELDS: tuple[str, ...] = (
     "extra_packages",
     "exclude",
     "tags",
+    "min_cosine",
 )
 _EXCLUDE_FIELDS: tuple[str, ...] = ("reason", "note")
 
@@ -96,7 +101,8 @@ class ModelSpec:
 
     Attributes:
         id: Hub id ``org/name``; for a local checkpoint, the absolute directory path.
-        task: ``text-generation`` or ``image-text-to-text``.
+        task: ``text-generation``, ``image-text-to-text``, ``feature-extraction`` or
+            ``sentence-similarity`` (see :data:`TASKS`).
         revision: branch, tag or commit; ``main`` unless pinned.
         dtype: weights dtype on the device (default bfloat16).
         prompt: text prompt; None means the session's ``--prompt``.
@@ -108,6 +114,8 @@ class ModelSpec:
         source: ``catalog``, ``cli`` (``--model ID``) or ``local`` (``--model ./dir``).
         file: the catalog file the entry came from ("" for the command line).
         line: 1-based line of the entry in that file (0 for the command line).
+        min_cosine: embedding tasks only: the cosine similarity every sentence's device
+            embedding must reach against the CPU's; None means ``checks.DEFAULT_MIN_COSINE``.
     """
 
     id: str
@@ -123,6 +131,12 @@ class ModelSpec:
     source: str = "catalog"
     file: str = ""
     line: int = 0
+    min_cosine: float | None = None
+
+    @property
+    def embedding(self) -> bool:
+        """An embedding task (judged by cosine similarity, no tokens generated)."""
+        return self.task in EMBEDDING_TASKS
 
 
 @dataclass(frozen=True)
@@ -302,6 +316,14 @@ def _parse_entry(node: yaml.Node, shown: str) -> ModelSpec:
     prompt = _opt_str(raw, "prompt", None, err)
     if prompt is not None and not prompt.strip():
         raise err("prompt", "prompt is empty", prompt, "write some text or drop the field")
+    if prompt is not None and task in EMBEDDING_TASKS:
+        raise err(
+            "prompt",
+            f"a {task} entry takes no prompt: it embeds a fixed set of sentences",
+            prompt,
+            "drop the field (docs/tasks.md lists the sentences)",
+        )
+    min_cosine = _parse_min_cosine(raw, task, err)
     cores = raw.get("cores", (None, line))[0]
     if cores is not None and (isinstance(cores, bool) or cores not in CORE_COUNTS):
         raise err("cores", "not an allowed core count", cores, f"use one of {', '.join(map(str, CORE_COUNTS))}")
@@ -325,7 +347,24 @@ def _parse_entry(node: yaml.Node, shown: str) -> ModelSpec:
         source="catalog",
         file=shown,
         line=line,
+        min_cosine=min_cosine,
     )
+
+
+def _parse_min_cosine(raw: Mapping[str, tuple[Any, int]], task: str, err: Any) -> float | None:
+    if "min_cosine" not in raw or raw["min_cosine"][0] is None:
+        return None
+    value = raw["min_cosine"][0]
+    if task not in EMBEDDING_TASKS:
+        raise err(
+            "min_cosine",
+            f"only embedding tasks ({', '.join(EMBEDDING_TASKS)}) are judged by cosine similarity",
+            value,
+            "drop the field, or set the task to one of those",
+        )
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise err("min_cosine", "must be a number in (0, 1]", value, "write e.g. 'min_cosine: 0.999'")
+    return float(value)
 
 
 def _opt_str(raw: Mapping[str, tuple[Any, int]], name: str, default: str | None, err: Any) -> str | None:

@@ -19,13 +19,20 @@ from typing import Any
 
 from . import __version__
 from .caches import ReferenceCache, reference_key
-from .catalog import ModelSpec
-from .checks import DEFAULT_JUDGE, compare, fluency_precheck
+from .catalog import DEFAULT_PROMPT, ModelSpec
+from .checks import (
+    DEFAULT_JUDGE,
+    DEFAULT_MIN_COSINE,
+    EMBEDDING_SENTENCES,
+    compare,
+    compare_embeddings,
+    fluency_precheck,
+)
 from .devices import DEVICES, DeviceKind
 from .execution import ProcessOutcome, run_script
 from .planning import DEFAULT_HEADROOM, DEFAULT_MAX_CORES, DTYPE_BYTES, Plan, PlanningError, inspect_model, plan_cores
 from .records import Row, Stack
-from .runscript import JudgeSpec, RunSpec, render, render_judge
+from .runscript import TEST_CARD_SIZE, JudgeSpec, RunSpec, render, render_judge
 
 #: Environment variables whose values must never reach run.py, rows or logs.
 SECRET_VARS: tuple[str, ...] = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HUGGINGFACE_TOKEN", "HF_API_TOKEN")
@@ -97,6 +104,29 @@ def scrub(text: str | None, env: Mapping[str, str] = os.environ) -> str | None:
     return text
 
 
+#: The text turn after the image of an image-text-to-text entry that sets no prompt, while the
+#: session's --prompt is the default (a text continuation prompt says nothing about an image).
+IMAGE_PROMPT = "Describe this image."
+#: (width, height) of the test card run.py draws for image-text-to-text runs.
+IMAGE_SIZE: tuple[int, int] = TEST_CARD_SIZE
+
+
+def prompt_of(model: ModelSpec, settings: Settings) -> str | None:
+    """The prompt a model's runs use; None for embedding tasks, which embed fixed sentences."""
+    if model.embedding:
+        return None
+    if model.prompt:
+        return model.prompt
+    if model.task == "image-text-to-text" and settings.prompt == DEFAULT_PROMPT:
+        return IMAGE_PROMPT
+    return settings.prompt
+
+
+def min_cosine_of(model: ModelSpec) -> float:
+    """The cosine threshold of an embedding task: the entry's ``min_cosine``, else the default."""
+    return DEFAULT_MIN_COSINE if model.min_cosine is None else model.min_cosine
+
+
 def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
@@ -109,7 +139,7 @@ def settings_hash(model: ModelSpec, settings: Settings) -> str:
         model.revision,
         model.task,
         model.dtype,
-        model.prompt or settings.prompt,
+        str(prompt_of(model, settings)),
         str(model.cores),
         str(settings.max_new_tokens),
         settings.device.name,
@@ -122,6 +152,8 @@ def settings_hash(model: ModelSpec, settings: Settings) -> str:
         str(settings.headroom),
         str(settings.max_cores),
     ]
+    if model.embedding:
+        parts += [repr(min_cosine_of(model)), *EMBEDDING_SENTENCES]
     return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:16]
 
 
@@ -138,8 +170,8 @@ def base_row(model: ModelSpec, settings: Settings) -> Row:
         tags=model.tags,
         device=settings.device.name,
         dtype=model.dtype,
-        prompt=model.prompt or settings.prompt,
-        max_new_tokens=settings.max_new_tokens,
+        prompt=prompt_of(model, settings),
+        max_new_tokens=None if model.embedding else settings.max_new_tokens,
         neuronx_cc=stack.neuronx_cc,
         torch_neuronx=stack.torch_neuronx,
         torch=stack.torch,
@@ -239,7 +271,7 @@ def run_spec(
         revision=model.revision,
         task=model.task,
         dtype=(settings.reference_dtype or model.dtype) if reference else model.dtype,
-        prompt=model.prompt or settings.prompt,
+        prompt=prompt_of(model, settings) or "",
         max_new_tokens=settings.max_new_tokens,
         device=device,
         compile=not reference,
@@ -248,6 +280,8 @@ def run_spec(
         post_load="" if reference else post_load,
         world_size=1 if reference or plan is None else max(plan.cores, 1),
         distributed_configs=() if reference or plan is None else distributed_configs(plan),
+        sentences=EMBEDDING_SENTENCES if model.embedding else (),
+        image_size=IMAGE_SIZE,
     )
 
 
@@ -357,10 +391,15 @@ def run_model(
         )
 
     sharded = plan.cores > 1
-    if not sharded or settings.device.compare_sharded:
+    # Embedding models are small and have no text for the judge: their CPU reference always runs,
+    # sharded or not, so the cosine verdict stays meaningful on every plan.
+    if not sharded or settings.device.compare_sharded or model.embedding:
         row, failed = _reference(model, settings, row, result, workdir, environ)
         if failed:
             return failed
+    if model.embedding:
+        row = replace(row, lease_end=round(time.time(), 3))
+        return replace(row, result="PASS") if row.reference_match else row
     if sharded:
         return _judge(row, settings, workdir, environ)
     row = replace(row, lease_end=round(time.time(), 3))
@@ -381,7 +420,7 @@ def _reference(
     """Run the CPU reference and record the comparison; the second value is a final row if it failed."""
     ref_spec = run_spec(model, settings, device=DEVICES["cpu"], reference=True, post_load="")
     cache = ReferenceCache(settings.reference_cache) if settings.reference_cache is not None else None
-    key = reference_key(ref_spec, settings.stack)
+    key = _reference_key(ref_spec, settings)
     reference = cache.get(key, result.get("commit")) if cache is not None else None
     if reference is not None:
         row = replace(row, reference_dtype=ref_spec.dtype, reference_s=0.0, reference_cached=True)
@@ -402,6 +441,8 @@ def _reference(
         reference = ref.result
         if cache is not None:
             cache.put(key, reference)
+    if model.embedding:
+        return _with_embedding_parity(model, row, result, reference), None
     parity = compare(
         result["tokens"], reference["tokens"], result.get("top_logprobs", ()), reference.get("top_logprobs", ())
     )
@@ -417,6 +458,37 @@ def _reference(
         logprob_gap=parity.logprob_gap,
     )
     return row, None
+
+
+def _reference_key(spec: RunSpec, settings: Settings) -> str:
+    """The reference cache key: caches.reference_key, plus what it does not hash (the embedded
+    sentences, the image size), so changing either is a miss, never a stale hit."""
+    key = reference_key(spec, settings.stack)
+    if not spec.sentences and spec.task != "image-text-to-text":
+        return key
+    extra = json.dumps({"key": key, "sentences": list(spec.sentences), "image_size": list(spec.image_size)})
+    return hashlib.sha256(extra.encode()).hexdigest()[:32]
+
+
+def _with_embedding_parity(model: ModelSpec, row: Row, result: Mapping[str, Any], reference: Mapping[str, Any]) -> Row:
+    """Cosines of device vs CPU embeddings into the row; a FAIL at stage parity below the threshold."""
+    threshold = min_cosine_of(model)
+    parity = compare_embeddings(result.get("embeddings") or (), reference.get("embeddings") or (), threshold)
+    row = replace(
+        row,
+        reference_match=parity.match,
+        min_cosine=None if parity.min_cosine is None else round(parity.min_cosine, 8),
+    )
+    if parity.match:
+        return row
+    if parity.problem is not None:
+        error = f"embeddings cannot be compared with the CPU reference: {parity.problem}"
+    else:
+        error = (
+            f"embeddings differ from the CPU reference: min cosine {parity.min_cosine:.6f} "
+            f"(sentence {parity.worst_index}) is below the threshold {threshold:g}"
+        )
+    return replace(row, result="FAIL", failure_stage="parity", error=error)
 
 
 def _judge(row: Row, settings: Settings, workdir: Path, environ: Mapping[str, str]) -> Row:

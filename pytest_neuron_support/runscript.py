@@ -18,6 +18,8 @@ from .checks import JUDGE_QUESTION, JUDGE_THRESHOLD, NO_WORDS, YES_WORDS
 from .devices import DeviceKind
 
 _SPEC_MARKER = "SPEC = {}  # @@SPEC@@"
+#: (width, height) of the test card run.py draws for image-text-to-text runs (run.py's fixed_image).
+TEST_CARD_SIZE: tuple[int, int] = (224, 224)
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,8 @@ class RunSpec:
         world_size: ranks to spawn (one per leased core); 1 runs in the script's own process.
         distributed_configs: ``DistributedConfig`` keyword sets to try in order (the first
             that loads is used and recorded); empty when not sharded.
+        sentences: the sentences an embedding task embeds (empty for generation tasks).
+        image_size: (width, height) of the test card run.py draws for image-text-to-text.
     """
 
     model: str
@@ -57,11 +61,15 @@ class RunSpec:
     post_load: str = ""
     world_size: int = 1
     distributed_configs: tuple[dict[str, Any], ...] = ()
+    sentences: tuple[str, ...] = ()
+    image_size: tuple[int, int] = TEST_CARD_SIZE
 
     def to_spec(self) -> dict[str, Any]:
         spec = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         spec["device"] = self.device.as_runscript_spec()
         spec["distributed_configs"] = [dict(c) for c in self.distributed_configs]
+        spec["sentences"] = list(self.sentences)
+        spec["image_size"] = list(self.image_size)
         return spec
 
 

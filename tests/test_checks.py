@@ -1,6 +1,16 @@
 from __future__ import annotations
 
-from pytest_neuron_support.checks import Parity, compare
+import math
+
+from pytest_neuron_support.checks import (
+    DEFAULT_MIN_COSINE,
+    EMBEDDING_SENTENCES,
+    EmbeddingParity,
+    Parity,
+    compare,
+    compare_embeddings,
+    cosine,
+)
 
 
 def pos(ids: list[int], logprobs: list[float]) -> dict[str, object]:
@@ -66,3 +76,52 @@ def test_fluency_prechecks_on_real_strings() -> None:
     assert "non-printable" in (fluency_precheck("\x00\x01\x02ab\x03\x04", [1, 2, 3]) or "")
     assert fluency_precheck("The printing press changed Europe.\nBooks spread.", [5, 6, 7]) is None
     assert fluency_precheck("日本語の文章です。", [1, 2]) is None  # printable, not our call to reject
+
+
+def test_cosine_of_real_vectors() -> None:
+    assert cosine([1.0, 0.0], [2.0, 0.0]) == 1.0
+    assert cosine([1.0, 0.0], [0.0, 3.0]) == 0.0
+    assert math.isclose(cosine([1.0, 1.0], [-1.0, -1.0]), -1.0)
+    assert math.isclose(cosine([1.0, 2.0, 3.0], [1.0, 2.0, 3.5]), 15.5 / math.sqrt(14 * 17.25))
+    assert cosine([0.0, 0.0], [1.0, 0.0]) == 0.0  # no direction: not similar
+    assert math.isnan(cosine([math.nan, 1.0], [1.0, 1.0]))
+    assert math.isnan(cosine([1.0, 1.0], [math.inf, 1.0]))
+
+
+def test_embeddings_pass_at_the_threshold_and_record_the_minimum() -> None:
+    assert DEFAULT_MIN_COSINE == 1 - 1e-3
+    reference = [[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.3, 0.4, 0.5]]
+    same = compare_embeddings([list(v) for v in reference], reference)
+    assert same.match and same.min_cosine is not None and math.isclose(same.min_cosine, 1.0)
+    assert same.threshold == DEFAULT_MIN_COSINE
+    # Sentence 1 tilted by angle t has cosine cos(t): just above and just below 1 - 1e-3.
+    for t, passes in ((math.acos(0.9991), True), (math.acos(0.9989), False)):
+        device = [reference[0], [math.sin(t), math.cos(t), 0.0], reference[2]]
+        parity = compare_embeddings(device, reference)
+        assert parity.match is passes and parity.worst_index == 1
+        assert parity.min_cosine is not None and math.isclose(parity.min_cosine, math.cos(t))
+        assert len(parity.cosines) == 3 and parity.problem is None
+    loose = compare_embeddings([[1.0, 0.1]], [[1.0, 0.0]], threshold=0.99)
+    assert loose.match and loose.threshold == 0.99
+
+
+def test_embeddings_that_cannot_be_compared_fail_with_the_reason() -> None:
+    fewer = compare_embeddings([[1.0, 0.0]], [[1.0, 0.0], [0.0, 1.0]])
+    assert fewer == EmbeddingParity(
+        False, None, None, (), DEFAULT_MIN_COSINE, "1 device embeddings for 2 reference embeddings"
+    )
+    wider = compare_embeddings([[1.0, 0.0, 0.0]], [[1.0, 0.0]])
+    assert not wider.match and wider.problem == "embedding widths differ: [2, 3]"
+    assert compare_embeddings([], []).problem is not None
+    broken = compare_embeddings([[1.0, 0.0], [math.nan, 0.0]], [[1.0, 0.0], [1.0, 0.0]])
+    assert not broken.match and broken.min_cosine is not None and math.isnan(broken.min_cosine)
+    assert broken.worst_index == 1
+
+
+def test_the_embedded_sentences_exercise_padding_and_the_tokenizer() -> None:
+    lengths = sorted(len(s.split()) for s in EMBEDDING_SENTENCES)
+    assert len(EMBEDDING_SENTENCES) == len(set(EMBEDDING_SENTENCES)) >= 8
+    assert lengths[-1] >= 2 * lengths[0]  # a padded batch: the pooling mask matters
+    assert any(not s.isascii() for s in EMBEDDING_SENTENCES) and any(
+        c.isdigit() for s in EMBEDDING_SENTENCES for c in s
+    )

@@ -56,6 +56,24 @@ def test_imports_are_limited_to_stdlib_torch_and_transformers() -> None:
     assert roots - set(sys.stdlib_module_names) == {"torch", "transformers"}
 
 
+def test_every_task_renders_its_loading_path() -> None:
+    from pytest_neuron_support.catalog import TASKS
+
+    for task in TASKS:
+        source = render(spec(task=task, sentences=("a b", "c")))
+        compile(source, "run.py", "exec")
+        written = spec_literal(source)
+        assert written["task"] == task and written["sentences"] == ["a b", "c"]
+        assert written["image_size"] == [224, 224]
+    # The template knows every catalog task (an unknown one would fail at load with a KeyError).
+    namespace: dict[str, object] = {"__name__": "run_template"}
+    exec(compile(render(spec()), "run.py", "exec"), namespace)
+    tasks = namespace["TASKS"]
+    assert isinstance(tasks, dict) and set(tasks) == set(TASKS)
+    assert tasks["image-text-to-text"] == ("AutoModelForImageTextToText", "vision")
+    assert tasks["sentence-similarity"] == tasks["feature-extraction"] == ("AutoModel", "embedding")
+
+
 def test_cpu_reference_script_stays_eager() -> None:
     written = spec_literal(render(spec(device=DEVICES["cpu"], compile=False, compile_backend="inductor")))
     assert written["compile"] is False

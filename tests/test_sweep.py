@@ -10,6 +10,7 @@ import pytest
 
 from pytest_neuron_support import zoo
 from pytest_neuron_support.catalog import load_catalog
+from pytest_neuron_support.checks import DEFAULT_MIN_COSINE
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow
@@ -56,7 +57,14 @@ def test_tiny_zoo_sweep_passes_every_architecture_with_two_workers(
     assert (sharded.tp_size == 2).all() and (sharded.judge_model == "tiny-random/judge").all()
     assert (sharded.judge_verdict == "fluent").all() and sharded.distributed_config.notna().all()
     assert (df.compile_s > 0).all() and (df.load_s > 0).all() and (df.run_s > df.first_generate_s).all()
-    assert (df.tokens.map(len) == 32).all() and (df.matched_prefix == 32).all()
+    # Every task of the catalog: text, a vision-language model, and a real sentence-embedding model.
+    assert set(df.task) == {"text-generation", "image-text-to-text", "sentence-similarity"}
+    generated = df[df.task != "sentence-similarity"]
+    assert (generated.tokens.map(len) == 32).all() and (generated.matched_prefix == 32).all()
+    assert df.set_index("model_id").loc["tiny-random/llava", "task"] == "image-text-to-text"
+    embedded = df[df.task == "sentence-similarity"]
+    assert list(embedded.model_id) == [zoo.MINILM_REPO]
+    assert (embedded.min_cosine >= DEFAULT_MIN_COSINE).all() and (embedded.tokens.map(len) == 0).all()
     assert (df.neuronx_cc == "none").all() and (df.library == "transformers").all()
     assert df.runscript.str.contains("cache_implementation").all()
     # The stored run.py is the one that ran.

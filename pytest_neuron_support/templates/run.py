@@ -7,11 +7,23 @@ check depends on is written into SPEC below. Reproduce the result anywhere with:
 
     python3 run.py --out result.json
 
-It loads the model with from_pretrained(device_map=<device>), keeps the inputs on CPU (generate
-moves what forward consumes, so compiled graphs keep static shapes), generates greedy tokens
-with a static cache (generate compiles the decoding step), generates a second time (compile
-cached), and writes a JSON result: tokens, text, top-k logprobs per position, timings, peak
-memory, versions, or the stage that failed with the exception.
+What it runs depends on SPEC["task"] (docs/tasks.md in pytest-neuron-support):
+
+* text-generation: the tokenizer and AutoModelForCausalLM, the prompt as is;
+* image-text-to-text: the processor and AutoModelForImageTextToText, a fixed image drawn by this
+  script (fixed_image) and the prompt through the processor's chat template;
+
+both load with from_pretrained(device_map=<device>), keep the inputs on CPU (generate moves what
+forward consumes, so compiled graphs keep static shapes), generate greedy tokens with a static
+cache (generate compiles the decoding step), generate a second time (compile cached), and write
+tokens, text and top-k logprobs per position;
+
+* feature-extraction / sentence-similarity: the tokenizer and AutoModel, a fixed list of
+  sentences (SPEC["sentences"]) embedded with the pooling the checkpoint's sentence-transformers
+  config declares (modules.json, 1_Pooling/config.json; mean pooling without one); the forward
+  pass is compiled with torch.compile (device runs), run twice, and the embeddings are written.
+
+Every result has timings, peak memory and versions, or the stage that failed with the exception.
 """
 
 from __future__ import annotations
@@ -28,11 +40,32 @@ import traceback
 SPEC = {}  # @@SPEC@@
 
 STAGE = {"name": "start"}
+#: What each catalog task runs: which Auto class loads the model, and which path feeds it.
+TASKS = {
+    "text-generation": ("AutoModelForCausalLM", "text"),
+    "image-text-to-text": ("AutoModelForImageTextToText", "vision"),
+    "feature-extraction": ("AutoModel", "embedding"),
+    "sentence-similarity": ("AutoModel", "embedding"),
+}
+#: sentence-transformers module types this script reproduces; any other (Dense, LayerNorm, ...)
+#: stops the run at stage load rather than embedding without it.
+TRANSFORMER_MODULE = "sentence_transformers.models.Transformer"
+POOLING_MODULE = "sentence_transformers.models.Pooling"
+NORMALIZE_MODULE = "sentence_transformers.models.Normalize"
+#: sentence-transformers' legacy pooling flags, in the order it concatenates the modes.
+POOLING_FLAGS = (
+    ("pooling_mode_cls_token", "cls"),
+    ("pooling_mode_max_tokens", "max"),
+    ("pooling_mode_mean_tokens", "mean"),
+    ("pooling_mode_mean_sqrt_len_tokens", "mean_sqrt_len_tokens"),
+    ("pooling_mode_weightedmean_tokens", "weightedmean"),
+    ("pooling_mode_lasttoken", "lasttoken"),
+)
 WORLD = {"size": 1, "rank": 0}
 
 
 class NothingCompiledError(RuntimeError):
-    """generate() was asked to compile but compiled no graph: it silently ran eagerly."""
+    """The run was asked to compile but compiled no graph: it silently ran eagerly."""
 
 
 def enter(stage):
@@ -75,10 +108,14 @@ def peak_device_memory(torch):
 
 
 def load(torch, facts):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    """(tokenizer or processor, model) for SPEC's task, placed on the device."""
+    import transformers
 
+    auto_class, kind = TASKS[SPEC["task"]]
     common = {"revision": SPEC["revision"], "trust_remote_code": SPEC["trust_remote_code"]}
-    tokenizer = AutoTokenizer.from_pretrained(SPEC["model"], **common)
+    # A VLM needs its processor (image processor + tokenizer + chat template), not just a tokenizer.
+    preprocessor_class = transformers.AutoProcessor if kind == "vision" else transformers.AutoTokenizer
+    preprocessor = preprocessor_class.from_pretrained(SPEC["model"], **common)
     kwargs = {"dtype": getattr(torch, SPEC["dtype"]), "device_map": SPEC["device"]["device_map"], **common}
     candidates = SPEC["distributed_configs"] or [None]
     attempts = []
@@ -91,7 +128,7 @@ def load(torch, facts):
             kwargs.pop("device_map", None)
             kwargs["distributed_config"] = DistributedConfig(**candidate)
         try:
-            model = AutoModelForCausalLM.from_pretrained(SPEC["model"], **kwargs)
+            model = getattr(transformers, auto_class).from_pretrained(SPEC["model"], **kwargs)
         except Exception as exc:
             if candidate is None or candidate is candidates[-1]:
                 raise
@@ -102,7 +139,42 @@ def load(torch, facts):
         facts["distributed_config"] = candidate
         facts["distributed_attempts"] = attempts
         model.eval()
-        return tokenizer, model
+        return preprocessor, model
+
+
+def fixed_image(torch, width, height):
+    """A test card drawn from arithmetic alone, identical on every machine: a red-green gradient,
+    a blue band, a dark square and a white disc (uint8, channels first, as image processors take).
+
+    Drawn here rather than shipped so run.py stays one file and device and reference runs see
+    the same pixels without a download."""
+    y = torch.arange(height, dtype=torch.float64).view(-1, 1).expand(height, width)
+    x = torch.arange(width, dtype=torch.float64).view(1, -1).expand(height, width)
+    red = 255.0 * x / max(width - 1, 1)
+    green = 255.0 * y / max(height - 1, 1)
+    blue = torch.where((y >= height * 0.4) & (y < height * 0.6), 255.0, 64.0)
+    square = (x >= width * 0.1) & (x < width * 0.35) & (y >= height * 0.1) & (y < height * 0.35)
+    disc = (x - width * 0.7) ** 2 + (y - height * 0.7) ** 2 <= (min(width, height) * 0.18) ** 2
+    channels = []
+    for channel in (red, green, blue):
+        channel = torch.where(square, 16.0, channel)
+        channel = torch.where(disc, 255.0, channel)
+        channels.append(channel)
+    return torch.stack(channels).round().clamp(0, 255).to(torch.uint8)
+
+
+def generation_inputs(torch, preprocessor, model):
+    """(inputs on CPU, tokenizer) for a generation task: the prompt, with the fixed image for a VLM."""
+    if TASKS[SPEC["task"]][1] != "vision":
+        return preprocessor(SPEC["prompt"], return_tensors="pt"), preprocessor
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": SPEC["prompt"]}]}]
+    text = preprocessor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    image = fixed_image(torch, *SPEC["image_size"])
+    inputs = preprocessor(images=[image], text=[text], return_tensors="pt")
+    for key, value in inputs.items():
+        if value.is_floating_point():  # pixel values in the weights' dtype, as a user passes them
+            inputs[key] = value.to(model.dtype)
+    return inputs, preprocessor.tokenizer
 
 
 def generate_kwargs(tokenizer):
@@ -145,7 +217,6 @@ def top_logprobs(torch, logits, tokens, k):
 
 def run():
     import torch
-    from torch._dynamo.utils import counters
 
     torch.manual_seed(0)
     facts = {}
@@ -155,13 +226,47 @@ def run():
         dist.init_process_group(backend=SPEC["device"]["dist_backend"])  # before any device use
     enter("load")
     start = time.perf_counter()
-    tokenizer, model = load(torch, facts)
+    preprocessor, model = load(torch, facts)
+    embedding = TASKS[SPEC["task"]][1] == "embedding"
+    pooling = sentence_transformers_pooling() if embedding else None
     synchronize(torch)
     load_s = time.perf_counter() - start
     if SPEC.get("post_load"):
         # Code the harness's user asked to run after loading (pytest hook); empty by default.
         exec(SPEC["post_load"], {"torch": torch, "model": model, "SPEC": SPEC})
-    inputs = tokenizer(SPEC["prompt"], return_tensors="pt")  # stays on CPU on purpose
+    if embedding:
+        result = run_embedding(torch, preprocessor, model, pooling)
+    else:
+        result = run_generation(torch, preprocessor, model)
+    return {
+        **result,
+        "load_s": load_s,
+        "peak_device_memory_bytes": peak_device_memory(torch),
+        # The commit the revision resolved to: what a cached reference must match.
+        "commit": getattr(model.config, "_commit_hash", None),
+        **facts,
+    }
+
+
+def compiled_graphs(torch, counters):
+    graphs = int(counters["stats"]["unique_graphs"])
+    cache = {
+        "hits": int(counters["inductor"]["fxgraph_cache_hit"]),
+        "misses": int(counters["inductor"]["fxgraph_cache_miss"]),
+    }
+    if SPEC["compile"] and graphs == 0:
+        what = "the forward pass" if TASKS[SPEC["task"]][1] == "embedding" else "generate()"
+        raise NothingCompiledError(
+            f"{what} compiled no graph: compilation was skipped (transformers only logs "
+            "'Compilation will be skipped'), so this run would have been eager"
+        )
+    return graphs, cache
+
+
+def run_generation(torch, preprocessor, model):
+    from torch._dynamo.utils import counters
+
+    inputs, tokenizer = generation_inputs(torch, preprocessor, model)  # stays on CPU on purpose
     kwargs = generate_kwargs(tokenizer)
     n_prompt = int(inputs["input_ids"].shape[1])
 
@@ -171,16 +276,7 @@ def run():
     first = model.generate(**inputs, **kwargs)
     synchronize(torch)
     first_s = time.perf_counter() - start
-    graphs = int(counters["stats"]["unique_graphs"])
-    cache = {
-        "hits": int(counters["inductor"]["fxgraph_cache_hit"]),
-        "misses": int(counters["inductor"]["fxgraph_cache_miss"]),
-    }
-    if SPEC["compile"] and graphs == 0:
-        raise NothingCompiledError(
-            "generate() compiled no graph: transformers skipped compilation (it only logs "
-            "'Compilation will be skipped'), so this run would have been eager"
-        )
+    graphs, cache = compiled_graphs(torch, counters)
 
     enter("generate")
     start = time.perf_counter()
@@ -200,13 +296,144 @@ def run():
         "graphs_compiled": graphs,
         "compile_cache": cache,
         "recompiles": recompiles,
-        "load_s": load_s,
         "first_generate_s": first_s,
         "generate_s": second_s,
-        "peak_device_memory_bytes": peak_device_memory(torch),
-        # The commit the revision resolved to: what a cached reference must match.
-        "commit": getattr(model.config, "_commit_hash", None),
-        **facts,
+    }
+
+
+def read_repo_json(name):
+    """A JSON file of the checkpoint (Hub cache, Hub or local directory), or None if it has none."""
+    from transformers.utils import cached_file
+
+    path = cached_file(
+        SPEC["model"],
+        name,
+        revision=SPEC["revision"],
+        _raise_exceptions_for_missing_entries=False,
+        _raise_exceptions_for_connection_errors=False,
+    )
+    if path is None:
+        return None
+    with open(path, encoding="utf-8") as handle:
+        return json.load(handle)
+
+
+def sentence_transformers_pooling():
+    """How the checkpoint turns token states into a sentence embedding, as its sentence-transformers
+    files declare it: {"modes": [...], "normalize": bool, "max_seq_length": int|None, "lowercase":
+    bool, "source": where it came from}. A checkpoint without modules.json gets mean pooling."""
+    modules = read_repo_json("modules.json")
+    if modules is None:
+        return {
+            "modes": ["mean"],
+            "normalize": False,
+            "max_seq_length": None,
+            "lowercase": False,
+            "source": "default: no modules.json, mean pooling",
+        }
+    modes, normalize = None, False
+    for module in modules:
+        kind = module.get("type", "")
+        if kind == TRANSFORMER_MODULE:
+            continue
+        if kind == POOLING_MODULE:
+            config = read_repo_json(f"{module['path']}/config.json".lstrip("/")) or {}
+            if "pooling_mode" in config:  # sentence-transformers >= 6 writes one key
+                mode = config["pooling_mode"]
+                modes = [mode] if isinstance(mode, str) else list(mode)
+            else:
+                modes = [name for flag, name in POOLING_FLAGS if config.get(flag)] or ["mean"]
+        elif kind == NORMALIZE_MODULE:
+            normalize = True
+        else:
+            raise NotImplementedError(
+                f"sentence-transformers module {kind!r} ({module.get('path')}) is not reproduced by run.py; "
+                "only Transformer, Pooling and Normalize are"
+            )
+    settings = read_repo_json("sentence_bert_config.json") or {}
+    return {
+        "modes": modes or ["mean"],
+        "normalize": normalize,
+        "max_seq_length": settings.get("max_seq_length"),
+        "lowercase": bool(settings.get("do_lower_case")),
+        "source": "modules.json",
+    }
+
+
+def pool(torch, hidden, mask, pooling):
+    """sentence-transformers' pooling, in float32 on CPU (both runs alike), right-padded inputs."""
+    hidden = hidden.detach().float().cpu()
+    mask = mask.detach().cpu().unsqueeze(-1).float()
+    counts = mask.sum(dim=1).clamp(min=1e-9)
+    vectors = []
+    for mode in pooling["modes"]:
+        if mode == "cls":
+            vectors.append(hidden[:, 0])
+        elif mode == "max":
+            vectors.append(hidden.masked_fill(mask == 0, float("-inf")).max(dim=1).values)
+        elif mode == "mean":
+            vectors.append((hidden * mask).sum(dim=1) / counts)
+        elif mode == "mean_sqrt_len_tokens":
+            vectors.append((hidden * mask).sum(dim=1) / counts.sqrt())
+        elif mode == "weightedmean":
+            weights = torch.arange(1, hidden.shape[1] + 1, dtype=torch.float32).view(1, -1, 1) * mask
+            vectors.append((hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1e-9))
+        elif mode == "lasttoken":
+            last = mask.squeeze(-1).sum(dim=1).long() - 1
+            vectors.append(hidden[torch.arange(hidden.shape[0]), last.clamp(min=0)])
+        else:
+            raise NotImplementedError(f"pooling mode {mode!r} is not reproduced by run.py")
+    pooled = torch.cat(vectors, dim=-1)
+    if pooling["normalize"]:
+        pooled = torch.nn.functional.normalize(pooled, p=2, dim=-1)
+    return pooled
+
+
+def run_embedding(torch, tokenizer, model, pooling):
+    from torch._dynamo.utils import counters
+
+    sentences = [s.lower() if pooling["lowercase"] else s for s in SPEC["sentences"]]
+    limit = pooling["max_seq_length"]
+    batch = tokenizer(sentences, padding=True, truncation=limit is not None, max_length=limit, return_tensors="pt")
+    device = next(model.parameters()).device
+    inputs = {key: value.to(device) for key, value in batch.items()}
+    forward = model
+    if SPEC["compile"]:
+        # One static-shape graph of the whole encoder, with the device's backend.
+        forward = torch.compile(model, backend=SPEC["compile_backend"], dynamic=False, mode="default")
+
+    def embed():
+        with torch.no_grad():
+            out = forward(**inputs)
+        synchronize(torch)
+        hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+        return pool(torch, hidden, batch["attention_mask"], pooling)
+
+    counters.clear()
+    enter("compile")
+    start = time.perf_counter()
+    first = embed()
+    first_s = time.perf_counter() - start
+    graphs, cache = compiled_graphs(torch, counters)
+
+    enter("generate")
+    start = time.perf_counter()
+    second = embed()
+    second_s = time.perf_counter() - start
+    recompiles = int(counters["stats"]["unique_graphs"]) - graphs
+    embeddings = first.tolist()
+    return {
+        "embeddings": embeddings,
+        "pooling": pooling,
+        "tokens": [],
+        "text": None,
+        "repeat_identical": embeddings == second.tolist(),
+        "prompt_tokens": int(batch["input_ids"].shape[1]),
+        "graphs_compiled": graphs,
+        "compile_cache": cache,
+        "recompiles": recompiles,
+        "first_generate_s": first_s,
+        "generate_s": second_s,
     }
 
 
