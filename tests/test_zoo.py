@@ -242,7 +242,8 @@ def test_zoo_resolves_through_huggingface_hub(tiny_zoo_cache: Path) -> None:
             else:
                 assert config[key] == value, key
         gen = json.loads((snapshot / "generation_config.json").read_text())
-        assert gen["do_sample"] is False and config["eos_token_id"] in gen["eos_token_id"]
+        eos = config.get("text_config", config)["eos_token_id"]  # a VLM's sits in its text config
+        assert gen["do_sample"] is False and eos in gen["eos_token_id"]
         with safe_open(str(snapshot / "model.safetensors"), "pt") as fh:
             dtypes = {fh.get_slice(k).get_dtype() for k in fh.keys()}  # noqa: SIM118
         assert dtypes == {"BF16"}
