@@ -58,6 +58,13 @@ class ReferenceCache:
             return None
         return dict(data)
 
+    def has(self, key: str) -> bool:
+        """Whether a good result for ``key`` is stored (for any commit)."""
+        try:
+            return bool(json.loads((self.directory / f"{key}.json").read_text(encoding="utf-8")).get("ok"))
+        except (OSError, ValueError):
+            return False
+
     def put(self, key: str, result: Mapping[str, Any]) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
         tmp = self.directory / f".{key}.{uuid.uuid4().hex}.tmp"

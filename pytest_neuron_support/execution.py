@@ -16,6 +16,7 @@ import resource
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -94,6 +95,19 @@ def group_alive(pgid: int) -> bool:
     return True
 
 
+def _wait(proc: subprocess.Popen[bytes], timeout: float, cancel: threading.Event | None) -> int:
+    """``proc.wait(timeout)``, also giving up (TimeoutExpired) as soon as ``cancel`` is set."""
+    if cancel is None:
+        return proc.wait(timeout=timeout)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return proc.wait(timeout=max(0.0, min(0.2, deadline - time.monotonic())))
+        except subprocess.TimeoutExpired:
+            if cancel.is_set() or time.monotonic() >= deadline:
+                raise
+
+
 def run_script(
     script: Path,
     out: Path,
@@ -103,11 +117,14 @@ def run_script(
     log_path: Path,
     python: str = sys.executable,
     memory_limit: int | None = None,
+    cancel: threading.Event | None = None,
 ) -> ProcessOutcome:
     """Run ``python script --out out`` in a new session and wait at most ``timeout`` seconds.
 
     ``memory_limit`` caps the child's address space (bytes): a model that would exhaust the
     host fails alone, with a MemoryError row, instead of inviting the kernel's OOM killer.
+    Setting ``cancel`` (from another thread) kills the process group early, like a timeout
+    that is not the script's fault (``timed_out`` stays False).
     """
     limit = None if memory_limit is None else _address_space_limit(memory_limit)
     with contextlib.suppress(FileNotFoundError):
@@ -126,9 +143,9 @@ def run_script(
         )
         timed_out = False
         try:
-            returncode = proc.wait(timeout=timeout)
+            returncode = _wait(proc, timeout, cancel)
         except subprocess.TimeoutExpired:
-            timed_out = True
+            timed_out = cancel is None or not cancel.is_set()
             _kill_group(proc.pid)
             returncode = proc.wait()
         except BaseException:

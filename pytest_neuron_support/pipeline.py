@@ -11,8 +11,9 @@ import hashlib
 import json
 import os
 import re
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -285,7 +286,13 @@ def run_spec(
     )
 
 
-def _execute(spec: RunSpec, directory: Path, env: Mapping[str, str], settings: Settings) -> tuple[str, ProcessOutcome]:
+def _execute(
+    spec: RunSpec,
+    directory: Path,
+    env: Mapping[str, str],
+    settings: Settings,
+    cancel: threading.Event | None = None,
+) -> tuple[str, ProcessOutcome]:
     directory.mkdir(parents=True, exist_ok=True)
     source = render(spec)
     script = directory / "run.py"
@@ -297,8 +304,39 @@ def _execute(spec: RunSpec, directory: Path, env: Mapping[str, str], settings: S
         timeout=settings.model_timeout,
         log_path=directory / "log.txt",
         memory_limit=settings.host_memory_limit,
+        cancel=cancel,
     )
     return source, outcome
+
+
+class _EarlyReference:
+    """The CPU reference run started beside the device run, in a thread of its own.
+
+    The reference needs no device cores, so it runs while the device run compiles and the item
+    holds its lease: the item then takes about the longer of the two instead of their sum, and
+    the cores are free for the next item as soon as the device run ends.
+    """
+
+    def __init__(self, spec: RunSpec, directory: Path, env: Mapping[str, str], settings: Settings) -> None:
+        self._cancel = threading.Event()
+        self._outcome: ProcessOutcome | None = None
+        self._thread = threading.Thread(
+            target=self._run, args=(spec, directory, env, settings), name="neuron-support-reference", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self, spec: RunSpec, directory: Path, env: Mapping[str, str], settings: Settings) -> None:
+        self._outcome = _execute(spec, directory, env, settings, cancel=self._cancel)[1]
+
+    def outcome(self) -> ProcessOutcome:
+        self._thread.join()
+        assert self._outcome is not None
+        return self._outcome
+
+    def cancel(self) -> None:
+        """Not needed after all (the device run failed, or the cache had it): stop it now."""
+        self._cancel.set()
+        self._thread.join()
 
 
 def _failure(outcome: ProcessOutcome, what: str) -> tuple[str, str, str]:
@@ -364,8 +402,13 @@ def run_model(
     cores: tuple[int, int] = (0, 1),
     post_load: str = "",
     env: Mapping[str, str] | None = None,
+    release: Callable[[], None] | None = None,
 ) -> Row:
-    """Check one model end to end and return its row. ``cores`` is the lease (first, count)."""
+    """Check one model end to end and return its row. ``cores`` is the lease (first, count).
+
+    ``release`` is called the moment the device run ends: the verdict (reference, judge) needs
+    no device cores, so the lease's holder can hand them to the next item.
+    """
     environ = dict(os.environ if env is None else env)
     first, count = cores
     row = replace(planned_row(model, settings, plan), first_core=first, lease_start=round(time.time(), 3))
@@ -373,36 +416,41 @@ def run_model(
     device_env = {**environ, **settings.device.pin_cores(first, count)}
     if settings.compile_cache is not None:
         device_env[settings.device.compile_cache_env] = str(settings.compile_cache)
+    sharded = plan.cores > 1
+    # Embedding models are small and have no text for the judge: their CPU reference always runs,
+    # sharded or not, so the cosine verdict stays meaningful on every plan.
+    needs_reference = not sharded or settings.device.compare_sharded or model.embedding
+    early = _start_reference(model, settings, workdir, environ) if needs_reference else None
     spec = run_spec(model, settings, device=settings.device, reference=False, post_load=post_load, plan=plan)
-    source, outcome = _execute(spec, workdir / "device", device_env, settings)
-    row = replace(row, runscript=source, run_s=round(outcome.wall_s, 3))
+    try:
+        source, outcome = _execute(spec, workdir / "device", device_env, settings)
+    except BaseException:
+        if early is not None:
+            early.cancel()
+        raise
+    finally:
+        lease_end = round(time.time(), 3)
+        if release is not None:
+            release()
+    row = replace(row, runscript=source, run_s=round(outcome.wall_s, 3), lease_end=lease_end)
     result = outcome.result
     if result is not None:
         row = _with_device_result(row, result)
         row = _with_cache_counts(row, settings.device, result, outcome)
     if result is None or not result.get("ok"):
+        if early is not None:
+            early.cancel()
         status, stage, error = _failure(outcome, "run.py")
-        return replace(
-            row,
-            result=status,
-            failure_stage=_stage_name(stage, False),
-            error=scrub(error, environ),
-            lease_end=round(time.time(), 3),
-        )
+        return replace(row, result=status, failure_stage=_stage_name(stage, False), error=scrub(error, environ))
 
-    sharded = plan.cores > 1
-    # Embedding models are small and have no text for the judge: their CPU reference always runs,
-    # sharded or not, so the cosine verdict stays meaningful on every plan.
-    if not sharded or settings.device.compare_sharded or model.embedding:
-        row, failed = _reference(model, settings, row, result, workdir, environ)
+    if needs_reference:
+        row, failed = _reference(model, settings, row, result, workdir, environ, early)
         if failed:
             return failed
     if model.embedding:
-        row = replace(row, lease_end=round(time.time(), 3))
         return replace(row, result="PASS") if row.reference_match else row
     if sharded:
         return _judge(row, settings, workdir, environ)
-    row = replace(row, lease_end=round(time.time(), 3))
     if row.reference_match or (settings.parity == "near-tie" and row.near_tie):
         return replace(row, result="PASS")
     n = len(row.reference_tokens)
@@ -414,30 +462,48 @@ def run_model(
     return replace(row, result="FAIL", failure_stage="parity", error=error)
 
 
+def _start_reference(
+    model: ModelSpec, settings: Settings, workdir: Path, environ: Mapping[str, str]
+) -> _EarlyReference | None:
+    """Start the CPU reference now, unless the reference cache is likely to have it."""
+    ref_spec = run_spec(model, settings, device=DEVICES["cpu"], reference=True, post_load="")
+    if settings.reference_cache is not None and ReferenceCache(settings.reference_cache).has(
+        _reference_key(ref_spec, settings)
+    ):
+        return None  # checked against the device run's commit later; a stale entry runs it then
+    cpu_env = {k: v for k, v in environ.items() if k not in _PIN_VARS}
+    return _EarlyReference(ref_spec, workdir / "reference", cpu_env, settings)
+
+
 def _reference(
-    model: ModelSpec, settings: Settings, row: Row, result: Mapping[str, Any], workdir: Path, environ: Mapping[str, str]
+    model: ModelSpec,
+    settings: Settings,
+    row: Row,
+    result: Mapping[str, Any],
+    workdir: Path,
+    environ: Mapping[str, str],
+    early: _EarlyReference | None = None,
 ) -> tuple[Row, Row | None]:
-    """Run the CPU reference and record the comparison; the second value is a final row if it failed."""
+    """The CPU reference (cached, started early, or run now) and the comparison with it; the
+    second value is a final row if the reference failed."""
     ref_spec = run_spec(model, settings, device=DEVICES["cpu"], reference=True, post_load="")
     cache = ReferenceCache(settings.reference_cache) if settings.reference_cache is not None else None
     key = _reference_key(ref_spec, settings)
     reference = cache.get(key, result.get("commit")) if cache is not None else None
     if reference is not None:
+        if early is not None:
+            early.cancel()
         row = replace(row, reference_dtype=ref_spec.dtype, reference_s=0.0, reference_cached=True)
     else:
-        cpu_env = {k: v for k, v in environ.items() if k not in _PIN_VARS}
-        _, ref = _execute(ref_spec, workdir / "reference", cpu_env, settings)
+        if early is not None:
+            ref = early.outcome()
+        else:
+            cpu_env = {k: v for k, v in environ.items() if k not in _PIN_VARS}
+            ref = _execute(ref_spec, workdir / "reference", cpu_env, settings)[1]
         row = replace(row, reference_dtype=ref_spec.dtype, reference_s=round(ref.wall_s, 3), reference_cached=False)
         if ref.result is None or not ref.result.get("ok"):
             status, _, error = _failure(ref, "CPU reference run.py")
-            failed = replace(
-                row,
-                result=status,
-                failure_stage="reference",
-                error=scrub(error, environ),
-                lease_end=round(time.time(), 3),
-            )
-            return row, failed
+            return row, replace(row, result=status, failure_stage="reference", error=scrub(error, environ))
         reference = ref.result
         if cache is not None:
             cache.put(key, reference)
@@ -478,6 +544,7 @@ def _with_embedding_parity(model: ModelSpec, row: Row, result: Mapping[str, Any]
         row,
         reference_match=parity.match,
         min_cosine=None if parity.min_cosine is None else round(parity.min_cosine, 8),
+        cosine_threshold=threshold,
     )
     if parity.match:
         return row
@@ -503,7 +570,6 @@ def _judge(row: Row, settings: Settings, workdir: Path, environ: Mapping[str, st
             failure_stage="judge",
             judge_verdict=f"precheck: {precheck}",
             error=precheck,
-            lease_end=round(time.time(), 3),
         )
     directory = workdir / "judge"
     directory.mkdir(parents=True, exist_ok=True)
@@ -513,7 +579,6 @@ def _judge(row: Row, settings: Settings, workdir: Path, environ: Mapping[str, st
     outcome = run_script(
         script, directory / "verdict.json", env=cpu_env, timeout=settings.model_timeout, log_path=directory / "log.txt"
     )
-    row = replace(row, lease_end=round(time.time(), 3))
     verdict = outcome.result
     if verdict is None or not verdict.get("ok"):
         status, _, error = _failure(outcome, f"judge {settings.judge_model}")

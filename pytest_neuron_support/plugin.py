@@ -582,7 +582,15 @@ class ModelItem(pytest.Item):
                 planned = row
                 try:
                     with pool.lease(plan.cores, holder=self.nodeid, priority=priority) as lease:
-                        row = run_model(model, settings, plan, cores=(lease.first, lease.count), post_load=post_load)
+                        row = run_model(
+                            model,
+                            settings,
+                            plan,
+                            cores=(lease.first, lease.count),
+                            post_load=post_load,
+                            # The verdict needs no cores: free them once the device run ends.
+                            release=lambda: pool.release(lease),
+                        )
                 except Exception as exc:  # the harness itself broke (disk full, ...): still a row
                     row = replace(
                         planned, result="ERROR", failure_stage="harness", error=f"{type(exc).__name__}: {exc}"

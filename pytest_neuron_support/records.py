@@ -21,8 +21,10 @@ RESULTS: Mapping[str, str] = {
     "PASS": (
         "The model loaded on the device with the catalog dtype, generate() compiled its decoding step "
         "(at least one graph compiled, none silently skipped), and all greedy tokens equal those of a "
-        "CPU run of the same checkpoint, prompt and length. It does not measure throughput or latency, "
-        "longer generations, sampling, batching, or accuracy on any benchmark."
+        "CPU run of the same checkpoint, prompt and length (image-text-to-text: the same generated image too; "
+        "embedding tasks: every sentence's device embedding has cosine >= cosine_threshold with the CPU one). "
+        "It does not measure throughput or latency, longer generations, sampling, batching, or accuracy on any "
+        "benchmark."
     ),
     "FAIL": (
         "The run finished but its output is wrong: stage 'parity' (tokens differ from the CPU reference; "
@@ -46,10 +48,11 @@ RESULTS: Mapping[str, str] = {
 STAGES: Mapping[str, str] = {
     "plan": "choosing cores before anything runs (needs more cores than allowed, cannot shard)",
     "load": "from_pretrained onto the device (download, config, weights, placement)",
-    "compile": "first generate(): graph capture and compilation, or no graph compiled at all",
-    "generate": "second generate() and reading outputs back",
+    "compile": "first generate() (embedding tasks: first forward pass): graph capture and compilation, "
+    "or no graph compiled at all",
+    "generate": "second generate() (embedding tasks: second forward pass) and reading outputs back",
     "reference": "the CPU reference run of the same checkpoint",
-    "parity": "comparing device tokens with the CPU reference",
+    "parity": "comparing device tokens with the CPU reference (embedding tasks: a cosine below the threshold)",
     "judge": "the fluency judge of a sharded run",
     "harness": "the test harness itself (unreadable result, worker lost)",
 }
@@ -136,7 +139,10 @@ class Row:
     )
     first_core: int | None = field(default=None, metadata=_doc("first core of the leased contiguous range"))
     lease_start: float | None = field(default=None, metadata=_doc("epoch seconds the run started on its lease"))
-    lease_end: float | None = field(default=None, metadata=_doc("epoch seconds the run finished on its lease"))
+    lease_end: float | None = field(
+        default=None,
+        metadata=_doc("epoch seconds the device run ended and the lease was released (the verdict runs after)"),
+    )
     dtype: str = field(default="bfloat16", metadata=_doc("weights dtype on the device"))
     reference_dtype: str | None = field(default=None, metadata=_doc("dtype of the CPU reference run"))
     compile_backend: str | None = field(default=None, metadata=_doc("torch.compile backend of generate()"))
@@ -165,7 +171,11 @@ class Row:
     text: str | None = field(default=None, metadata=_doc("generated text on the device"))
     reference_tokens: tuple[int, ...] = field(default=(), metadata=_doc("generated token ids on CPU"))
     reference_match: bool | None = field(
-        default=None, metadata=_doc("all tokens equal the CPU reference (null when no reference ran)")
+        default=None,
+        metadata=_doc(
+            "all tokens equal the CPU reference (embedding tasks: every cosine >= cosine_threshold); "
+            "null when no reference ran"
+        ),
     )
     matched_prefix: int | None = field(default=None, metadata=_doc("leading tokens equal to the reference"))
     first_divergence: int | None = field(default=None, metadata=_doc("index of the first differing token"))
@@ -184,6 +194,9 @@ class Row:
     min_cosine: float | None = field(
         default=None,
         metadata=_doc("embedding tasks: the smallest cosine similarity between a sentence's device and CPU embeddings"),
+    )
+    cosine_threshold: float | None = field(
+        default=None, metadata=_doc("embedding tasks: the cosine every sentence must reach to PASS")
     )
     near_tie: bool | None = field(
         default=None,

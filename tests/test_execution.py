@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -95,3 +96,23 @@ def test_exit_without_result(tmp_path: Path) -> None:
     outcome = run_script(s, tmp_path / "r.json", env=os.environ, timeout=60, log_path=tmp_path / "log")
     assert outcome.returncode == 3 and outcome.result is None and outcome.signal_name is None
     assert outcome.last_stage == "load"
+
+
+def test_cancel_from_another_thread_kills_the_group_early_and_is_not_a_timeout(tmp_path: Path) -> None:
+    pidfile = tmp_path / "child.pid"
+    s = script(
+        tmp_path,
+        f"""
+        child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])
+        open({str(pidfile)!r}, 'w').write(str(child.pid))
+        stage('load')
+        time.sleep(600)
+        """,
+    )
+    cancel = threading.Event()
+    threading.Timer(1.0, cancel.set).start()
+    start = time.monotonic()
+    outcome = run_script(s, tmp_path / "r.json", env=os.environ, timeout=300, log_path=tmp_path / "log", cancel=cancel)
+    assert time.monotonic() - start < 30
+    assert not outcome.timed_out and outcome.result is None and outcome.returncode < 0
+    assert wait_gone(int(pidfile.read_text()))

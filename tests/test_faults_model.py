@@ -53,6 +53,8 @@ def test_crash_hang_memory_and_compile_faults_are_rows_and_the_sweep_goes_on(
     crash = df.loc["tiny-random/llama"]
     assert (crash.result, crash.failure_stage) == ("ERROR", "load")
     assert "killed by SIGSEGV" in crash.error
+    # Its CPU reference, started beside the device run, was stopped when the device run died.
+    assert alive_pids_running("tiny-random--llama") == []
 
     hang = df.loc["tiny-random/mistral"]
     assert (hang.result, hang.failure_stage) == ("TIMEOUT", "load")

@@ -16,13 +16,19 @@ REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow
 
 
-def test_tiny_zoo_sweep_passes_every_architecture_with_two_workers(
+def test_tiny_zoo_sweep_passes_every_architecture_with_four_workers_over_four_cores(
     pytester: pytest.Pytester, offline_hub: Path
 ) -> None:
     shutil.copy(REPO / "models-tiny.yaml", pytester.path / "models-tiny.yaml")
     ids = {m.id for m in load_catalog(REPO / "models-tiny.yaml").models if m.exclude is None}
     result = pytester.runpytest_subprocess(
-        "--device=cpu", "--models-file=models-tiny.yaml", "-n", "2", "--results-dir=out", "--model-timeout=900"
+        "--device=cpu",
+        "--models-file=models-tiny.yaml",
+        "-n",
+        "4",
+        "--neuron-cores=4",
+        "--results-dir=out",
+        "--model-timeout=900",
     )
     result.assert_outcomes(passed=len(ids))
     result.stdout.fnmatch_lines(["*neuron-support results*", f"{len(ids)} PASS", "Parquet: *out/data/*.parquet"])
@@ -49,9 +55,13 @@ def test_tiny_zoo_sweep_passes_every_architecture_with_two_workers(
     ):
         assert column in df.columns
     assert (df.graphs_compiled >= 1).all() and (df.recompiles == 0).all()
-    # Mixed core counts shared one pool of 2 through the lease ledger: no core was ever double-booked.
-    assert set(df.neuron_cores) == {1, 2}
+    # Mixed core counts shared one pool of 4 through the lease ledger: no core was ever double-booked,
+    # and a lease covers the device run only (the verdict runs after it is released).
+    assert set(df.neuron_cores) == {1, 2, 4}
     assert overlapping_leases(df) == []
+    assert ((df.lease_end - df.lease_start) < df.run_s + 2.0).all()
+    four = df.set_index("model_id").loc["tiny-random/olmo2"]
+    assert (four.neuron_cores, four.tp_size, four.first_core, four.judge_verdict) == (4, 4, 0, "fluent")
     sharded = df[df.neuron_cores == 2]
     assert sorted(sharded.model_id) == ["tiny-random/mistral", "tiny-random/mixtral", "tiny-random/qwen3_moe"]
     assert (sharded.tp_size == 2).all() and (sharded.judge_model == "tiny-random/judge").all()

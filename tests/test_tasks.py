@@ -82,6 +82,7 @@ def test_vlm_and_real_minilm_pass_and_a_perturbed_minilm_fails_at_parity(
     minilm = df.loc[MINILM]
     assert (minilm.result, minilm.task, minilm["dtype"]) == ("PASS", "sentence-similarity", "float32")
     assert DEFAULT_MIN_COSINE <= minilm.min_cosine <= 1.0 and minilm.reference_match
+    assert minilm.cosine_threshold == DEFAULT_MIN_COSINE
     assert minilm.graphs_compiled >= 1 and minilm.compile_s > 0 and len(minilm.tokens) == 0
     assert pd.isna(minilm.prompt) and pd.isna(minilm.failure_stage) and pd.isna(minilm.max_new_tokens)
 

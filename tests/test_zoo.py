@@ -107,6 +107,8 @@ def test_models_tiny_yaml_lists_the_zoo_with_the_zoo_prompt() -> None:
     # `-k "moe or tp2"` selects sharded runs of both kinds; one core stays the default.
     assert {"tiny-random/qwen3_moe", "tiny-random/mixtral", "tiny-random/mistral"} == set(sharded)
     assert "tp2" in sharded["tiny-random/mistral"]
+    # One 4-core item, so the sweep mixes 1-, 2- and 4-core leases over a pool of 4.
+    assert [(e["id"], e["tags"][-1]) for e in entries if e.get("cores") == 4] == [("tiny-random/olmo2", "tp4")]
 
 
 def test_fingerprint_is_stable_across_processes() -> None:
