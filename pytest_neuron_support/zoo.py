@@ -1160,12 +1160,33 @@ def _build_one(
     fp32_tokens, gap = _greedy(model, enc["input_ids"], enc["attention_mask"], 32)
     model = model.to(torch.bfloat16)
     bf16_tokens, _ = _greedy(model, enc["input_ids"], enc["attention_mask"], 32)
+    _save_decisive(arch, model, (fp32_tokens, bf16_tokens), loss, gap, hub_cfg, ids, out_dir, fingerprint)
+    for f in tokenizer_dir.iterdir():
+        shutil.copyfile(f, out_dir / f.name)
+    return loss, gap
+
+
+def _save_decisive(
+    arch: TinyArch,
+    model: Any,
+    tokens: tuple[Sequence[int], Sequence[int]],
+    loss: float,
+    gap: float,
+    hub_cfg: Mapping[str, Any],
+    ids: Mapping[str, int],
+    out_dir: Path,
+    fingerprint: str,
+) -> None:
+    """Refuse a checkpoint whose fp32 and bf16 greedy tokens differ or whose top-2 gap is thin;
+    else save it with the source repo's config, a generation config and a model card."""
+    import transformers as tf
+
+    fp32_tokens, bf16_tokens = tokens
     if fp32_tokens != bf16_tokens or not gap >= MIN_BUILD_GAP:
         raise RuntimeError(
             f"{arch.repo_id}: trained checkpoint is not decisive (loss {loss:.4f}, min top-2 gap {gap:.3f}, "
             f"fp32 {fp32_tokens} vs bf16 {bf16_tokens})"
         )
-
     model.generation_config.do_sample = False
     model.save_pretrained(str(out_dir))
     # Config exactly as the source repo spells it (legacy field names included), not transformers'
@@ -1179,10 +1200,7 @@ def _build_one(
         "transformers_version": tf.__version__,
     }
     (out_dir / "generation_config.json").write_text(json.dumps(gen_cfg, indent=2) + "\n")
-    for f in tokenizer_dir.iterdir():
-        shutil.copyfile(f, out_dir / f.name)
     (out_dir / "README.md").write_text(_model_card(arch, fingerprint, loss, gap))
-    return loss, gap
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -1336,23 +1354,7 @@ def _build_vlm(
     model = model.to(torch.bfloat16)
     extra = {"pixel_values": inputs["pixel_values"].to(torch.bfloat16)}
     bf16_tokens, _ = _greedy(model, inputs["input_ids"], inputs["attention_mask"], 32, extra=extra)
-    if fp32_tokens != bf16_tokens or not gap >= MIN_BUILD_GAP:
-        raise RuntimeError(
-            f"{arch.repo_id}: trained checkpoint is not decisive (loss {loss:.4f}, min top-2 gap {gap:.3f}, "
-            f"fp32 {fp32_tokens} vs bf16 {bf16_tokens})"
-        )
-    model.generation_config.do_sample = False
-    model.save_pretrained(str(out_dir))
-    (out_dir / "config.json").write_text(json.dumps(hub_cfg, indent=2) + "\n")
-    gen_cfg = {
-        "bos_token_id": ids[_BOS],
-        "do_sample": False,
-        "eos_token_id": [ids[_EOS], ids[_IM_END]],
-        "pad_token_id": ids[_PAD],
-        "transformers_version": tf.__version__,
-    }
-    (out_dir / "generation_config.json").write_text(json.dumps(gen_cfg, indent=2) + "\n")
-    (out_dir / "README.md").write_text(_model_card(arch, fingerprint, loss, gap))
+    _save_decisive(arch, model, (fp32_tokens, bf16_tokens), loss, gap, hub_cfg, ids, out_dir, fingerprint)
     return loss, gap
 
 
