@@ -34,6 +34,11 @@ def main() -> None:
         f"warm: {warm_wall:.1f}s  (compile cache hits {int(warm.compile_cache_hits.sum())}, "
         f"references cached {int(warm.reference_cached.sum())})"
     )
+    for name, df in (("cold", cold), ("warm", warm)):
+        print(
+            f"{name} seconds summed over items: run.py {df.run_s.sum():.1f} (load {df.load_s.sum():.1f}, "
+            f"compile {df.compile_s.sum():.1f}), reference {df.reference_s.fillna(0).sum():.1f}"
+        )
     print(f"warm rerun speed-up = {cold_wall / warm_wall:.2f}x  (target >= 3x)")
     item_wall = sum(items.values())
     inner = float((warm.run_s + warm.reference_s.fillna(0)).sum())
