@@ -45,7 +45,13 @@ def test_crash_hang_memory_and_compile_faults_are_rows_and_the_sweep_goes_on(
         ),
     )
     result = pytester.runpytest_subprocess(
-        "--device=cpu", "-n", "2", "--results-dir=out", "--model-timeout=60", "--host-memory-gib=16"
+        # Long enough for the healthy model to compile on a loaded 2-CPU machine; the hang hits it.
+        "--device=cpu",
+        "-n",
+        "2",
+        "--results-dir=out",
+        "--model-timeout=180",
+        "--host-memory-gib=16",
     )
     result.assert_outcomes(passed=1, failed=4)
     df = pd.read_parquet(pytester.path / "out" / "data").set_index("model_id")
