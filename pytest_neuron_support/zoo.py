@@ -21,6 +21,7 @@ importing this module stays cheap.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import importlib
 import json
@@ -909,7 +910,10 @@ def _token_ids(tokenizer: _HFTokenizer) -> dict[str, int]:
 def _hub_config(
     arch: TinyArch, vocab_size: int, ids: Mapping[str, int], image_token_id: int | None = None
 ) -> dict[str, Any]:
-    cfg: dict[str, Any] = dict(arch.config)
+    # A deep copy: transformers' config classes write into nested dicts they are given (LlavaConfig
+    # adds vision_config["model_type"]), which would change ARCHS, and with it the zoo fingerprint,
+    # in the middle of a session.
+    cfg: dict[str, Any] = copy.deepcopy(dict(arch.config))
     special = {"bos_token_id": ids[_BOS], "eos_token_id": ids[_EOS], "pad_token_id": ids[_PAD]}
     cfg.update(
         {

@@ -424,3 +424,17 @@ def test_build_is_deterministic(tiny_zoo_cache: Path, tmp_path: Path) -> None:
     assert any("built tiny-random/qwen3" in line for line in logs)
     ref = Path("models--tiny-random--qwen3") / "refs" / "main"
     assert (tmp_path / ref).read_text() == (tiny_zoo_cache / ref).read_text()
+
+
+def test_building_configs_does_not_change_the_zoo_definition() -> None:
+    # transformers' config classes write into the nested dicts they are given (LlamaConfig into
+    # rope_scaling, LlavaConfig into vision_config): the zoo must hand them copies, or its
+    # fingerprint changes mid-session and every installed checkpoint looks stale.
+    from transformers import AutoConfig
+
+    before = zoo.zoo_fingerprint()
+    ids = {zoo._BOS: 1, zoo._EOS: 2, zoo._PAD: 0, zoo._IM_END: 3}
+    for arch in zoo.ARCHS:
+        cfg = zoo._hub_config(arch, 768, ids)
+        AutoConfig.for_model(**{k: v for k, v in cfg.items() if k != "architectures"})
+    assert zoo.zoo_fingerprint() == before
