@@ -309,34 +309,45 @@ def _execute(
     return source, outcome
 
 
-class _EarlyReference:
-    """The CPU reference run started beside the device run, in a thread of its own.
+class _ReferenceRun:
+    """One item's CPU reference: its spec, its cache key, and its run.
 
-    The reference needs no device cores, so it runs while the device run compiles and the item
-    holds its lease: the item then takes about the longer of the two instead of their sum, and
-    the cores are free for the next item as soon as the device run ends.
+    The run starts at once, in a thread of its own beside the device run, unless the reference
+    cache already holds the key (it is checked against the device run's commit later; a stale
+    entry runs it then). The reference needs no device cores, so the item takes about the longer
+    of the two runs instead of their sum, and the cores are free as soon as the device run ends.
     """
 
-    def __init__(self, spec: RunSpec, directory: Path, env: Mapping[str, str], settings: Settings) -> None:
+    def __init__(self, model: ModelSpec, settings: Settings, workdir: Path, environ: Mapping[str, str]) -> None:
+        self.spec = run_spec(model, settings, device=DEVICES["cpu"], reference=True, post_load="")
+        self.key = _reference_key(self.spec, settings)
+        self._directory = workdir / "reference"
+        self._env = _cpu_env(environ)
+        self._settings = settings
         self._cancel = threading.Event()
         self._outcome: ProcessOutcome | None = None
-        self._thread = threading.Thread(
-            target=self._run, args=(spec, directory, env, settings), name="neuron-support-reference", daemon=True
-        )
-        self._thread.start()
+        self._thread: threading.Thread | None = None
+        if settings.reference_cache is None or not ReferenceCache(settings.reference_cache).has(self.key):
+            self._thread = threading.Thread(target=self._run, name="neuron-support-reference", daemon=True)
+            self._thread.start()
 
-    def _run(self, spec: RunSpec, directory: Path, env: Mapping[str, str], settings: Settings) -> None:
-        self._outcome = _execute(spec, directory, env, settings, cancel=self._cancel)[1]
+    def _run(self) -> None:
+        self._outcome = _execute(self.spec, self._directory, self._env, self._settings, cancel=self._cancel)[1]
 
     def outcome(self) -> ProcessOutcome:
-        self._thread.join()
+        """The finished run: waits for the early one, or runs it now if none was started."""
+        if self._thread is None:
+            self._run()
+        else:
+            self._thread.join()
         assert self._outcome is not None
         return self._outcome
 
     def cancel(self) -> None:
         """Not needed after all (the device run failed, or the cache had it): stop it now."""
         self._cancel.set()
-        self._thread.join()
+        if self._thread is not None:
+            self._thread.join()
 
 
 def _failure(outcome: ProcessOutcome, what: str) -> tuple[str, str, str]:
@@ -420,13 +431,13 @@ def run_model(
     # Embedding models are small and have no text for the judge: their CPU reference always runs,
     # sharded or not, so the cosine verdict stays meaningful on every plan.
     needs_reference = not sharded or settings.device.compare_sharded or model.embedding
-    early = _start_reference(model, settings, workdir, environ) if needs_reference else None
+    reference = _ReferenceRun(model, settings, workdir, environ) if needs_reference else None
     spec = run_spec(model, settings, device=settings.device, reference=False, post_load=post_load, plan=plan)
     try:
         source, outcome = _execute(spec, workdir / "device", device_env, settings)
     except BaseException:
-        if early is not None:
-            early.cancel()
+        if reference is not None:
+            reference.cancel()
         raise
     finally:
         lease_end = round(time.time(), 3)
@@ -438,13 +449,13 @@ def run_model(
         row = _with_device_result(row, result)
         row = _with_cache_counts(row, settings.device, result, outcome)
     if result is None or not result.get("ok"):
-        if early is not None:
-            early.cancel()
+        if reference is not None:
+            reference.cancel()
         status, stage, error = _failure(outcome, "run.py")
         return replace(row, result=status, failure_stage=_stage_name(stage, False), error=scrub(error, environ))
 
-    if needs_reference:
-        row, failed = _reference(model, settings, row, result, workdir, environ, early)
+    if reference is not None:
+        row, failed = _reference(model, settings, row, result, reference, environ)
         if failed:
             return failed
     if model.embedding:
@@ -462,51 +473,31 @@ def run_model(
     return replace(row, result="FAIL", failure_stage="parity", error=error)
 
 
-def _start_reference(
-    model: ModelSpec, settings: Settings, workdir: Path, environ: Mapping[str, str]
-) -> _EarlyReference | None:
-    """Start the CPU reference now, unless the reference cache is likely to have it."""
-    ref_spec = run_spec(model, settings, device=DEVICES["cpu"], reference=True, post_load="")
-    if settings.reference_cache is not None and ReferenceCache(settings.reference_cache).has(
-        _reference_key(ref_spec, settings)
-    ):
-        return None  # checked against the device run's commit later; a stale entry runs it then
-    cpu_env = {k: v for k, v in environ.items() if k not in _PIN_VARS}
-    return _EarlyReference(ref_spec, workdir / "reference", cpu_env, settings)
-
-
 def _reference(
     model: ModelSpec,
     settings: Settings,
     row: Row,
     result: Mapping[str, Any],
-    workdir: Path,
+    run: _ReferenceRun,
     environ: Mapping[str, str],
-    early: _EarlyReference | None = None,
 ) -> tuple[Row, Row | None]:
-    """The CPU reference (cached, started early, or run now) and the comparison with it; the
-    second value is a final row if the reference failed."""
-    ref_spec = run_spec(model, settings, device=DEVICES["cpu"], reference=True, post_load="")
+    """The CPU reference (cached, or its run) and the comparison with it; the second value is a
+    final row if the reference failed."""
+    ref_spec = run.spec
     cache = ReferenceCache(settings.reference_cache) if settings.reference_cache is not None else None
-    key = _reference_key(ref_spec, settings)
-    reference = cache.get(key, result.get("commit")) if cache is not None else None
+    reference = cache.get(run.key, result.get("commit")) if cache is not None else None
     if reference is not None:
-        if early is not None:
-            early.cancel()
+        run.cancel()
         row = replace(row, reference_dtype=ref_spec.dtype, reference_s=0.0, reference_cached=True)
     else:
-        if early is not None:
-            ref = early.outcome()
-        else:
-            cpu_env = {k: v for k, v in environ.items() if k not in _PIN_VARS}
-            ref = _execute(ref_spec, workdir / "reference", cpu_env, settings)[1]
+        ref = run.outcome()
         row = replace(row, reference_dtype=ref_spec.dtype, reference_s=round(ref.wall_s, 3), reference_cached=False)
         if ref.result is None or not ref.result.get("ok"):
             status, _, error = _failure(ref, "CPU reference run.py")
             return row, replace(row, result=status, failure_stage="reference", error=scrub(error, environ))
         reference = ref.result
         if cache is not None:
-            cache.put(key, reference)
+            cache.put(run.key, reference)
     if model.embedding:
         return _with_embedding_parity(model, row, result, reference), None
     parity = compare(
@@ -575,9 +566,12 @@ def _judge(row: Row, settings: Settings, workdir: Path, environ: Mapping[str, st
     directory.mkdir(parents=True, exist_ok=True)
     script = directory / "judge.py"
     script.write_text(render_judge(JudgeSpec(settings.judge_model, settings.judge_revision, text)), encoding="utf-8")
-    cpu_env = {k: v for k, v in environ.items() if k not in _PIN_VARS}
     outcome = run_script(
-        script, directory / "verdict.json", env=cpu_env, timeout=settings.model_timeout, log_path=directory / "log.txt"
+        script,
+        directory / "verdict.json",
+        env=_cpu_env(environ),
+        timeout=settings.model_timeout,
+        log_path=directory / "log.txt",
     )
     verdict = outcome.result
     if verdict is None or not verdict.get("ok"):
@@ -597,6 +591,11 @@ def _judge(row: Row, settings: Settings, workdir: Path, environ: Mapping[str, st
 
 
 _PIN_VARS = frozenset(kind.core_env_var for kind in DEVICES.values() if kind.core_env_var)
+
+
+def _cpu_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The environment of a CPU-side run (reference, judge): no device core pinning."""
+    return {k: v for k, v in environ.items() if k not in _PIN_VARS}
 
 
 def _with_device_result(row: Row, result: Mapping[str, Any]) -> Row:
