@@ -22,13 +22,20 @@ from typing import Any
 from .records import Stack
 from .runscript import RunSpec
 
+#: What a CPU run's result holds; bumped when that changes, so older cache entries are misses.
+RESULT_FORMAT = 2
+
 #: A compiler lock older than this belongs to a compile that died.
 STALE_LOCK_S = 3600.0
 
 
 def reference_key(spec: RunSpec, stack: Stack) -> str:
-    """Cache key of a CPU reference run: model, revision, dtype, prompt, tokens, top-k, torch, transformers."""
+    """Cache key of a CPU run (free-running reference or teacher-forced check): everything in the
+    spec that shapes its result (model, revision, task, dtype, prompt, tokens, top-k, the embedded
+    sentences, the image, the tokens it scores), the torch and transformers versions, and
+    :data:`RESULT_FORMAT`."""
     parts = {
+        "format": RESULT_FORMAT,
         "model": spec.model,
         "revision": spec.revision,
         "task": spec.task,
@@ -36,6 +43,10 @@ def reference_key(spec: RunSpec, stack: Stack) -> str:
         "prompt": spec.prompt,
         "max_new_tokens": spec.max_new_tokens,
         "top_k": spec.top_k,
+        "sentences": list(spec.sentences),
+        "image_size": list(spec.image_size),
+        "forced_tokens": None if spec.forced_tokens is None else list(spec.forced_tokens),
+        "score_own_tokens": spec.score_own_tokens,
         "torch": stack.torch,
         "transformers": stack.library_version,
     }

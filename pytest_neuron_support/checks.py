@@ -5,6 +5,11 @@ verdict, the evidence is kept: matched prefix, first divergence, both tokens and
 logprob gap, so a reader can tell a near-tie from a broken model (``shared/reference/
 verdicts.md``: a divergence at token 0 means broken, late drift means numerics).
 
+Every generation run also gets a **teacher-forced** check (:func:`teacher_forced`): one CPU forward
+over the prompt plus the device's own tokens scores each position under the device's prefix, so a
+one-off near-tie is told from a broken model at every position, not only up to the first
+divergence, and a sharded run's tokens are checked for what they are, not for how fluent they read.
+
 Embedding tasks have no tokens: PASS needs every sentence's device embedding to point the same
 way as its CPU embedding, cosine similarity at least :data:`DEFAULT_MIN_COSINE` (or the catalog
 entry's ``min_cosine``); the row keeps the smallest cosine.
@@ -104,6 +109,83 @@ def _in_top(position: Mapping[str, Any] | None, token: int) -> bool:
     return position is not None and token in list(position.get("ids", ()))[:NEAR_TIE_TOP_N]
 
 
+@dataclass(frozen=True)
+class TeacherForced:
+    """The device's tokens scored by the CPU model under the device's own prefix.
+
+    Attributes:
+        positions_checked: device tokens scored.
+        positions_disagreeing: positions whose device token is not the CPU top-1.
+        first_disagreement: index of the first such position, or None.
+        device_token / cpu_token: the device's token and the CPU top-1 there.
+        rank: the device token's rank in the CPU distribution there (0 = top-1).
+        deficit: CPU logprob of its top-1 minus that of the device token there (nats).
+        max_deficit: the largest deficit over all positions (0.0 when all agree).
+        all_near_ties: every disagreement is a near-tie (:func:`is_forced_near_tie`); None when
+            none disagree.
+    """
+
+    positions_checked: int
+    positions_disagreeing: int
+    first_disagreement: int | None
+    device_token: int | None
+    cpu_token: int | None
+    rank: int | None
+    deficit: float | None
+    max_deficit: float
+    all_near_ties: bool | None
+
+    def passes(self, parity: str) -> bool:
+        """``exact``: every device token is the CPU top-1; ``near-tie``: every miss is a near-tie."""
+        if self.positions_checked == 0:
+            return False
+        if self.positions_disagreeing == 0:
+            return True
+        return parity == "near-tie" and bool(self.all_near_ties)
+
+
+def is_forced_near_tie(position: Mapping[str, Any], device_top: Mapping[str, Any] | None) -> bool:
+    """The near-tie rule of a teacher-forced disagreement, the free-running rule made symmetric at
+    one position under one prefix: the device token is in the CPU's top-5, the CPU top-1 is in the
+    device's top-5 at that position (when the device recorded it), and the CPU's logprob of the
+    device token is at most 0.5 nats below its top-1."""
+    if int(position["rank"]) >= NEAR_TIE_TOP_N or float(position["deficit"]) > NEAR_TIE_MAX_GAP:
+        return False
+    return device_top is None or _in_top(device_top, int(position["top1"]))
+
+
+def teacher_forced(
+    positions: Sequence[Mapping[str, Any]], device_top: Sequence[Mapping[str, Any]] = ()
+) -> TeacherForced:
+    """Summarise run.py's teacher-forced positions (``token``, ``top1``, ``rank``, ``deficit``
+    per position); ``device_top`` is the device run's own top-k per position, under the same prefix."""
+    misses = [i for i, p in enumerate(positions) if int(p["rank"]) != 0]
+    max_deficit = max((float(p["deficit"]) for p in positions), default=0.0)
+    if not misses:
+        return TeacherForced(len(positions), 0, None, None, None, None, None, round(max_deficit, 6), None)
+    first = positions[misses[0]]
+    near = all(is_forced_near_tie(positions[i], _at(device_top, i)) for i in misses)
+    return TeacherForced(
+        positions_checked=len(positions),
+        positions_disagreeing=len(misses),
+        first_disagreement=misses[0],
+        device_token=int(first["token"]),
+        cpu_token=int(first["top1"]),
+        rank=int(first["rank"]),
+        deficit=round(float(first["deficit"]), 6),
+        max_deficit=round(max_deficit, 6),
+        all_near_ties=near,
+    )
+
+
+def repeat_divergence(first: Sequence[int], second: Sequence[int]) -> int | None:
+    """Where the warm second generation parts from the first (a length difference counts), or None."""
+    for index, (a, b) in enumerate(zip(first, second, strict=False)):
+        if a != b:
+            return index
+    return None if len(first) == len(second) else min(len(first), len(second))
+
+
 #: Default judge of sharded runs: a small instruct model that runs on any host CPU.
 DEFAULT_JUDGE = "Qwen/Qwen2.5-0.5B-Instruct"
 #: P(yes | yes or no) at or above which the judge's answer counts as "fluent".
@@ -121,17 +203,26 @@ NO_WORDS: tuple[str, ...] = ("no", "No", " no", " No", "NO")
 MIN_PRINTABLE = 0.9
 
 
-def fluency_precheck(text: str, tokens: Sequence[int]) -> str | None:
+def fluency_precheck(
+    text: str, tokens: Sequence[int], special_ids: Sequence[int] = (), eos_id: int | None = None
+) -> str | None:
     """Cheap failures that need no judge: why the text cannot be fluent, or None.
 
     Runs before the judge model so broken outputs fail fast: nothing generated, the same
-    token over and over (a classic symptom of a broken sharded matmul), or mostly bytes that
-    do not print.
+    token over and over (a classic symptom of a broken sharded matmul), special tokens in place
+    of text (a dead model emits the pad token; the judge reads text decoded without special
+    tokens and would see only the words before them), or mostly bytes that do not print.
     """
     if not tokens or not text.strip():
         return "empty output"
     if len(tokens) > 1 and len(set(tokens)) == 1:
         return f"one token repeated {len(tokens)} times (id {tokens[0]})"
+    special = set(special_ids)
+    # One end-of-sequence token closing the text is how generation stops; any other special token is not text.
+    body = list(tokens[:-1]) if eos_id is not None and tokens[-1] == eos_id else list(tokens)
+    inside = [t for t in body if t in special]
+    if inside:
+        return f"{len(inside)} of {len(tokens)} generated tokens are special tokens (first: id {inside[0]})"
     printable = sum(1 for ch in text if ch.isprintable() or ch in "\n\t")
     if printable / len(text) < MIN_PRINTABLE:
         return f"mostly non-printable ({printable} of {len(text)} characters print)"

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from .records import COLUMN_DOCS, COLUMN_TYPES, RESULTS, STAGES, Row, arrow_schema
+from .records import COLUMN_DOCS, COLUMN_TYPES, RESULTS, STAGES, VERDICT_BASES, Row, arrow_schema
 
 DATA_DIR = "data"
 PARTS_DIR = ".parts"
@@ -295,6 +295,21 @@ def render_card(results_dir: Path) -> str:
         "|---|---|",
     ]
     lines += [f"| `{name}` | {text} |" for name, text in RESULTS.items()]
+    lines += ["", "## What each verdict rests on", ""]
+    lines += [
+        "Every row's `verdict_basis` names the evidence that decided it. Generation rows carry the teacher-forced",
+        "CPU check's figures (`cpu_check`, `positions_checked`, `positions_disagreeing`, `first_disagreement`,",
+        "`disagreement_deficit`, `max_logprob_deficit`); sharded rows keep the judge's verdict beside it",
+        "(`judge_verdict`, `judge_score`) whether or not it decided.",
+        "",
+        "| verdict_basis | evidence | PASS rows here |",
+        "|---|---|---|",
+    ]
+    passes: dict[str, int] = {}
+    for row in read_dataset(results_dir):
+        if row.result == "PASS":
+            passes[str(row.verdict_basis)] = passes.get(str(row.verdict_basis), 0) + 1
+    lines += [f"| `{name}` | {text} | {passes.get(name, 0)} |" for name, text in VERDICT_BASES.items()]
     lines += ["", "## Failure stages", "", "| failure_stage | meaning |", "|---|---|"]
     lines += [f"| `{name}` | {text} |" for name, text in STAGES.items()]
     lines += ["", "## Columns", "", "| column | type | meaning |", "|---|---|---|"]

@@ -53,8 +53,6 @@ class DeviceKind:
         compile_cache_env: variable naming the compile cache directory (``--neff-cache``).
         cache_log_markers: (hit, miss) substrings the compiler logs per cached / compiled
             graph, counted in run.py's log; None where run.py reads counters instead (inductor).
-        compare_sharded: sharded runs are also compared with a CPU reference (affordable off
-            Trainium; on neuron sharded models are the big ones and only the judge decides).
         max_pool: largest ``--neuron-cores`` accepted, or None for "what the probe counts";
             cpu cores are slots for ranks, not physical CPUs, so any pool up to 64 works.
     """
@@ -72,7 +70,6 @@ class DeviceKind:
     memory_expr: str | None = None
     compile_cache_env: str = "TORCHINDUCTOR_CACHE_DIR"
     cache_log_markers: tuple[str, str] | None = None
-    compare_sharded: bool = True
     max_pool: int | None = None
 
     def pin_cores(self, first: int, count: int) -> dict[str, str]:
@@ -115,7 +112,6 @@ DEVICES: Mapping[str, DeviceKind] = MappingProxyType(
                 "torch.neuron.device_count() if hasattr(torch, 'neuron') and torch.neuron.is_available() else 0"
             ),
             memory_expr="torch.neuron.get_device_properties(0).total_memory",
-            compare_sharded=False,
             compile_cache_env="TORCH_NEURONX_NEFF_CACHE_DIR",
             # At TORCH_NEURONX_LOG_LEVEL=2 the backend logs one line per graph looked up.
             cache_log_markers=("[NEFF_CACHE] Cache HIT", "[NEFF_CACHE] Cache MISS"),

@@ -1,7 +1,14 @@
-"""One model, from its spec to its row: plan, render, run on the device, run the CPU reference, judge.
+"""One model, from its spec to its row: plan, render, run on the device, check it on CPU, judge.
 
 Nothing here raises for a model's failure: every outcome becomes a :class:`~.records.Row`,
 so one broken model never stops a sweep.
+
+The verdict of a generation run rests on CPU evidence wherever the host can give it: a one-core
+run is compared with a free-running CPU reference (the seed's exact parity) and, like every run,
+sharded included, checked teacher-forced: one CPU forward over the prompt plus the device's own
+tokens says, at every position, whether the device's token is the CPU model's top-1. The fluency
+judge still reads every sharded run's text and its verdict is kept, but it decides only when the
+host cannot hold the model for the CPU check. ``verdict_basis`` names what decided each row.
 """
 
 from __future__ import annotations
@@ -25,9 +32,12 @@ from .checks import (
     DEFAULT_JUDGE,
     DEFAULT_MIN_COSINE,
     EMBEDDING_SENTENCES,
+    TeacherForced,
     compare,
     compare_embeddings,
     fluency_precheck,
+    repeat_divergence,
+    teacher_forced,
 )
 from .devices import DEVICES, DeviceKind
 from .execution import ProcessOutcome, run_script
@@ -65,6 +75,8 @@ class Settings:
         compile_cache: directory for the device's compile cache (NEFF cache on neuron, inductor's
             FX graph cache elsewhere), None to leave the environment's choice.
         host_memory_limit: address-space cap (bytes) of every run.py process, None for none.
+        cpu_check_memory: host memory (bytes) the teacher-forced CPU check of a sharded run may
+            take, None for what the host has available when it starts (--cpu-check-memory-gib).
     """
 
     device: DeviceKind
@@ -87,6 +99,16 @@ class Settings:
     reference_cache: Path | None = None
     compile_cache: Path | None = None
     host_memory_limit: int | None = None
+    cpu_check_memory: int | None = None
+
+
+#: Graphs a run with static shapes needs: one decoding-step graph (generate() runs the prefill
+#: eagerly), or one forward graph for an embedding task. More is a graph break or a recompile:
+#: on neuron each one is another neuronx-cc compile.
+EXPECTED_GRAPHS = 1
+#: Host memory the CPU check needs per byte of weights in its dtype (activations, logits, the
+#: interpreter and the library around them).
+CPU_CHECK_OVERHEAD = 1.25
 
 
 def slug(model_id: str) -> str:
@@ -191,6 +213,7 @@ def gate(model: ModelSpec, settings: Settings) -> Row | None:
         return replace(
             row,
             result="EXCLUDED",
+            verdict_basis="catalog",
             exclude_reason=model.exclude.reason,
             exclude_note=model.exclude.note,
             error=f"excluded ({model.exclude.reason}): {model.exclude.note}".rstrip(": "),
@@ -199,6 +222,7 @@ def gate(model: ModelSpec, settings: Settings) -> Row | None:
         return replace(
             row,
             result="EXCLUDED",
+            verdict_basis="catalog",
             exclude_reason="remote-code",
             exclude_note="needs trust_remote_code; rerun with --allow-remote-code to run the repository's code",
             error="remote code not allowed: pass --allow-remote-code to run it",
@@ -283,7 +307,15 @@ def run_spec(
         distributed_configs=() if reference or plan is None else distributed_configs(plan),
         sentences=EMBEDDING_SENTENCES if model.embedding else (),
         image_size=IMAGE_SIZE,
+        score_own_tokens=reference and not model.embedding,
     )
+
+
+def cpu_check_spec(model: ModelSpec, settings: Settings, tokens: tuple[int, ...]) -> RunSpec:
+    """The teacher-forced CPU check of a device run's ``tokens``: the reference's spec (CPU, eager,
+    the reference dtype, the same inputs) scoring those tokens instead of generating."""
+    spec = run_spec(model, settings, device=DEVICES["cpu"], reference=True, post_load="")
+    return replace(spec, forced_tokens=tokens, score_own_tokens=False)
 
 
 def _execute(
@@ -320,13 +352,15 @@ class _ReferenceRun:
 
     def __init__(self, model: ModelSpec, settings: Settings, workdir: Path, environ: Mapping[str, str]) -> None:
         self.spec = run_spec(model, settings, device=DEVICES["cpu"], reference=True, post_load="")
-        self.key = _reference_key(self.spec, settings)
+        self.key = reference_key(self.spec, settings.stack)
         self._directory = workdir / "reference"
         self._env = _cpu_env(environ)
         self._settings = settings
         self._cancel = threading.Event()
         self._outcome: ProcessOutcome | None = None
         self._thread: threading.Thread | None = None
+        #: The reference result the verdict used (cached or run), once :func:`_reference` has it.
+        self.result: Mapping[str, Any] | None = None
         if settings.reference_cache is None or not ReferenceCache(settings.reference_cache).has(self.key):
             self._thread = threading.Thread(target=self._run, name="neuron-support-reference", daemon=True)
             self._thread.start()
@@ -393,12 +427,13 @@ def planned_row(model: ModelSpec, settings: Settings, plan: Plan) -> Row:
         compile_backend=settings.compile_backend,
     )
     if plan.skip is not None:
-        return replace(row, result="SKIPPED", failure_stage="plan", error=plan.skip)
+        return replace(row, result="SKIPPED", failure_stage="plan", verdict_basis="plan", error=plan.skip)
     if plan.cores > settings.pool_cores:
         return replace(
             row,
             result="SKIPPED",
             failure_stage="plan",
+            verdict_basis="plan",
             error=f"needs {plan.cores} cores but the pool has {settings.pool_cores}; pass --neuron-cores={plan.cores} "
             "or more on a machine that has them",
         )
@@ -428,10 +463,10 @@ def run_model(
     if settings.compile_cache is not None:
         device_env[settings.device.compile_cache_env] = str(settings.compile_cache)
     sharded = plan.cores > 1
-    # Embedding models are small and have no text for the judge: their CPU reference always runs,
-    # sharded or not, so the cosine verdict stays meaningful on every plan.
-    needs_reference = not sharded or settings.device.compare_sharded or model.embedding
-    reference = _ReferenceRun(model, settings, workdir, environ) if needs_reference else None
+    # The free-running CPU reference: the seed's exact parity for one-core runs, and the embeddings
+    # an embedding task is compared with. A sharded generation run is checked teacher-forced only:
+    # a free-running CPU run of a model that needs 16 cores is 32 slow decode steps, one forward is not.
+    reference = _ReferenceRun(model, settings, workdir, environ) if not sharded or model.embedding else None
     spec = run_spec(model, settings, device=settings.device, reference=False, post_load=post_load, plan=plan)
     try:
         source, outcome = _execute(spec, workdir / "device", device_env, settings)
@@ -452,25 +487,172 @@ def run_model(
         if reference is not None:
             reference.cancel()
         status, stage, error = _failure(outcome, "run.py")
-        return replace(row, result=status, failure_stage=_stage_name(stage, False), error=scrub(error, environ))
+        return replace(
+            row,
+            result=status,
+            failure_stage=_stage_name(stage, False),
+            verdict_basis="run",
+            error=scrub(error, environ),
+        )
+    if row.repeat_identical is False:
+        if reference is not None:
+            reference.cancel()
+        return _repeat_failure(row, result)
 
+    if model.embedding:
+        assert reference is not None
+        row, failed = _reference(model, settings, row, result, reference, environ)
+        if failed:
+            return failed
+        return replace(row, result="PASS") if row.reference_match else row
     if reference is not None:
         row, failed = _reference(model, settings, row, result, reference, environ)
         if failed:
             return failed
-    if model.embedding:
-        return replace(row, result="PASS") if row.reference_match else row
-    if sharded:
-        return _judge(row, settings, workdir, environ)
-    if row.reference_match or (settings.parity == "near-tie" and row.near_tie):
+        row, forced, failed = _cpu_check(model, settings, row, result, workdir, environ, reference.result)
+        if failed:
+            return failed
+        assert forced is not None
+        return _single_core_verdict(row, settings, forced)
+    row, forced, failed = _cpu_check(model, settings, row, result, workdir, environ, None)
+    if failed:
+        return failed
+    row, judged = _judge(row, settings, workdir, environ, result)
+    if forced is None:  # the host could not hold the model: the judge decides alone
+        return replace(row, verdict_basis="judge", **judged) if judged else replace(row, result="PASS")
+    row = replace(row, verdict_basis="teacher-forced")
+    if forced.passes(settings.parity):
         return replace(row, result="PASS")
-    n = len(row.reference_tokens)
-    error = (
-        f"tokens differ from the CPU reference at index {row.first_divergence} of {n} "
-        f"(device {row.device_token}, reference {row.reference_token}, gap {row.logprob_gap} nats"
-        f"{', a near-tie' if row.near_tie else ''})"
+    return replace(row, result="FAIL", failure_stage="parity", error=_forced_error(forced, len(row.tokens)))
+
+
+def _repeat_failure(row: Row, result: Mapping[str, Any]) -> Row:
+    """The warm second run differs from the first: what a user gets from the NEFF cache is not what
+    the first run showed."""
+    if result.get("embeddings") is not None:
+        error = "the second forward pass's embeddings differ from the first's"
+    else:
+        index = row.repeat_divergence
+        again = list(result.get("tokens_again") or ())
+        first = row.tokens[index] if index is not None and index < len(row.tokens) else None
+        second = again[index] if index is not None and index < len(again) else None
+        error = (
+            f"the warm second generate() differs from the first at position {index} of {len(row.tokens)} "
+            f"(first {first}, second {second})"
+        )
+    return replace(row, result="FAIL", failure_stage="generate", verdict_basis="repeat", error=error)
+
+
+def _single_core_verdict(row: Row, settings: Settings, forced: TeacherForced) -> Row:
+    """One core: free-running parity with the CPU reference and the teacher-forced check, both."""
+    row = replace(row, verdict_basis="parity+teacher-forced")
+    free_ok = bool(row.reference_match) or (settings.parity == "near-tie" and bool(row.near_tie))
+    forced_ok = forced.passes(settings.parity)
+    if free_ok and forced_ok:
+        return replace(row, result="PASS")
+    problems = []
+    if not free_ok:
+        n = len(row.reference_tokens)
+        problems.append(
+            f"tokens differ from the CPU reference at index {row.first_divergence} of {n} "
+            f"(device {row.device_token}, reference {row.reference_token}, gap {row.logprob_gap} nats"
+            f"{', a near-tie' if row.near_tie else ''})"
+        )
+    if not forced_ok:
+        problems.append(_forced_error(forced, len(row.tokens)))
+    return replace(row, result="FAIL", failure_stage="parity", error="; ".join(problems))
+
+
+def _forced_error(forced: TeacherForced, n: int) -> str:
+    if forced.positions_checked == 0:
+        return "the teacher-forced CPU check scored no token (the device generated none)"
+    return (
+        f"teacher-forced CPU check: {forced.positions_disagreeing} of {forced.positions_checked} device tokens are not "
+        f"the CPU top-1; first at position {forced.first_disagreement} of {n} (device {forced.device_token}, "
+        f"CPU top-1 {forced.cpu_token}, device token ranked {forced.rank}, {forced.deficit} nats below; "
+        f"max deficit {forced.max_deficit} nats{', all near-ties' if forced.all_near_ties else ''})"
     )
-    return replace(row, result="FAIL", failure_stage="parity", error=error)
+
+
+def _cpu_check(
+    model: ModelSpec,
+    settings: Settings,
+    row: Row,
+    result: Mapping[str, Any],
+    workdir: Path,
+    environ: Mapping[str, str],
+    reference: Mapping[str, Any] | None,
+) -> tuple[Row, TeacherForced | None, Row | None]:
+    """The teacher-forced CPU check of the device's tokens: (row with its evidence, its summary or
+    None when it could not run, a final row if the check's own run failed).
+
+    A free-running reference that generated exactly the device's tokens has already scored them
+    teacher-forced (its own pass is this check): that pass is reused. Otherwise the check is a
+    run.py of its own, cached like the reference, started only where the host can hold the model.
+    """
+    tokens = tuple(int(t) for t in result.get("tokens") or ())
+    device_top = result.get("top_logprobs") or ()
+    if reference is not None and tuple(reference.get("tokens") or ()) == tokens and "forced" in reference:
+        forced = teacher_forced(reference["forced"], device_top)
+        return _with_forced(replace(row, cpu_check="reused", cpu_check_s=0.0), forced), forced, None
+    spec = cpu_check_spec(model, settings, tokens)
+    short = _cpu_check_memory_shortfall(row, spec, settings)
+    if short is not None:
+        return replace(row, cpu_check=f"skipped: {short}"), None, None
+    key = reference_key(spec, settings.stack)
+    cache = ReferenceCache(settings.reference_cache) if settings.reference_cache is not None else None
+    cached = cache.get(key, result.get("commit")) if cache is not None else None
+    if cached is not None:
+        forced = teacher_forced(cached["forced"], device_top)
+        return _with_forced(replace(row, cpu_check="cached", cpu_check_s=0.0), forced), forced, None
+    _, outcome = _execute(spec, workdir / "cpu-check", _cpu_env(environ), settings)
+    row = replace(row, cpu_check="ran", cpu_check_s=round(outcome.wall_s, 3))
+    checked = outcome.result
+    if checked is None or not checked.get("ok"):
+        status, _, error = _failure(outcome, "teacher-forced CPU check run.py")
+        failed = replace(
+            row, result=status, failure_stage="reference", verdict_basis="run", error=scrub(error, environ)
+        )
+        return row, None, failed
+    if cache is not None:
+        cache.put(key, checked)
+    forced = teacher_forced(checked["forced"], device_top)
+    return _with_forced(row, forced), forced, None
+
+
+def _cpu_check_memory_shortfall(row: Row, spec: RunSpec, settings: Settings) -> str | None:
+    """Why the host cannot hold the model for the CPU check, or None when it can (or the size is unknown)."""
+    if not row.parameters:
+        return None
+    needed = int(row.parameters * DTYPE_BYTES[spec.dtype] * CPU_CHECK_OVERHEAD)
+    if settings.cpu_check_memory is not None:
+        available, what = settings.cpu_check_memory, "--cpu-check-memory-gib allows"
+    else:
+        import psutil
+
+        available, what = int(psutil.virtual_memory().available), "the host has available"
+    if needed <= available:
+        return None
+    gib = 1 << 30
+    return (
+        f"needs ~{needed / gib:.1f} GiB of host memory ({spec.dtype} weights x {CPU_CHECK_OVERHEAD}), "
+        f"{what} {available / gib:.1f} GiB"
+    )
+
+
+def _with_forced(row: Row, forced: TeacherForced) -> Row:
+    return replace(
+        row,
+        positions_checked=forced.positions_checked,
+        positions_disagreeing=forced.positions_disagreeing,
+        first_disagreement=forced.first_disagreement,
+        disagreement_device_token=forced.device_token,
+        disagreement_cpu_token=forced.cpu_token,
+        disagreement_rank=forced.rank,
+        disagreement_deficit=forced.deficit,
+        max_logprob_deficit=forced.max_deficit,
+        disagreements_near_tie=forced.all_near_ties,
+    )
 
 
 def _reference(
@@ -494,10 +676,14 @@ def _reference(
         row = replace(row, reference_dtype=ref_spec.dtype, reference_s=round(ref.wall_s, 3), reference_cached=False)
         if ref.result is None or not ref.result.get("ok"):
             status, _, error = _failure(ref, "CPU reference run.py")
-            return row, replace(row, result=status, failure_stage="reference", error=scrub(error, environ))
+            failed = replace(
+                row, result=status, failure_stage="reference", verdict_basis="run", error=scrub(error, environ)
+            )
+            return row, failed
         reference = ref.result
         if cache is not None:
             cache.put(run.key, reference)
+    run.result = reference
     if model.embedding:
         return _with_embedding_parity(model, row, result, reference), None
     parity = compare(
@@ -517,22 +703,13 @@ def _reference(
     return row, None
 
 
-def _reference_key(spec: RunSpec, settings: Settings) -> str:
-    """The reference cache key: caches.reference_key, plus what it does not hash (the embedded
-    sentences, the image size), so changing either is a miss, never a stale hit."""
-    key = reference_key(spec, settings.stack)
-    if not spec.sentences and spec.task != "image-text-to-text":
-        return key
-    extra = json.dumps({"key": key, "sentences": list(spec.sentences), "image_size": list(spec.image_size)})
-    return hashlib.sha256(extra.encode()).hexdigest()[:32]
-
-
 def _with_embedding_parity(model: ModelSpec, row: Row, result: Mapping[str, Any], reference: Mapping[str, Any]) -> Row:
     """Cosines of device vs CPU embeddings into the row; a FAIL at stage parity below the threshold."""
     threshold = min_cosine_of(model)
     parity = compare_embeddings(result.get("embeddings") or (), reference.get("embeddings") or (), threshold)
     row = replace(
         row,
+        verdict_basis="cosine",
         reference_match=parity.match,
         min_cosine=None if parity.min_cosine is None else round(parity.min_cosine, 8),
         cosine_threshold=threshold,
@@ -549,19 +726,20 @@ def _with_embedding_parity(model: ModelSpec, row: Row, result: Mapping[str, Any]
     return replace(row, result="FAIL", failure_stage="parity", error=error)
 
 
-def _judge(row: Row, settings: Settings, workdir: Path, environ: Mapping[str, str]) -> Row:
-    """A sharded run's verdict: cheap checks, then a judge model in its own CPU process."""
+def _judge(
+    row: Row, settings: Settings, workdir: Path, environ: Mapping[str, str], result: Mapping[str, Any]
+) -> tuple[Row, dict[str, Any]]:
+    """A sharded run's fluency verdict: cheap checks, then a judge model in its own CPU process.
+
+    Returns the row with the judge's evidence, and the fields (result, failure_stage, error) that
+    make it a failure if the judge decides, empty when the judge found the text fluent.
+    """
     row = replace(row, judge_model=settings.judge_model, judge_revision=settings.judge_revision)
     text = row.text or ""
-    precheck = fluency_precheck(text, row.tokens)
+    precheck = fluency_precheck(text, row.tokens, result.get("special_ids") or (), result.get("eos_id"))
     if precheck is not None:
-        return replace(
-            row,
-            result="FAIL",
-            failure_stage="judge",
-            judge_verdict=f"precheck: {precheck}",
-            error=precheck,
-        )
+        row = replace(row, judge_verdict=f"precheck: {precheck}")
+        return row, {"result": "FAIL", "failure_stage": "judge", "error": precheck}
     directory = workdir / "judge"
     directory.mkdir(parents=True, exist_ok=True)
     script = directory / "judge.py"
@@ -576,7 +754,12 @@ def _judge(row: Row, settings: Settings, workdir: Path, environ: Mapping[str, st
     verdict = outcome.result
     if verdict is None or not verdict.get("ok"):
         status, _, error = _failure(outcome, f"judge {settings.judge_model}")
-        return replace(row, result=status, failure_stage="judge", error=scrub(error, environ))
+        error = scrub(error, environ) or ""
+        return replace(row, judge_verdict=f"judge failed: {error[:300]}"), {
+            "result": status,
+            "failure_stage": "judge",
+            "error": error,
+        }
     score = float(verdict["score"])
     row = replace(
         row,
@@ -585,9 +768,9 @@ def _judge(row: Row, settings: Settings, workdir: Path, environ: Mapping[str, st
         judge_verdict="fluent" if verdict["fluent"] else "not fluent",
     )
     if verdict["fluent"]:
-        return replace(row, result="PASS")
+        return row, {}
     error = f"judge {settings.judge_model} found the text not fluent (P(yes)={score:.3f}): {text[:200]!r}"
-    return replace(row, result="FAIL", failure_stage="judge", error=error)
+    return row, {"result": "FAIL", "failure_stage": "judge", "error": error}
 
 
 _PIN_VARS = frozenset(kind.core_env_var for kind in DEVICES.values() if kind.core_env_var)
@@ -602,17 +785,25 @@ def _with_device_result(row: Row, result: Mapping[str, Any]) -> Row:
     first_s, second_s = result.get("first_generate_s"), result.get("generate_s")
     compile_s = round(first_s - second_s, 3) if first_s is not None and second_s is not None else None
     versions = result.get("versions") or {}
+    graphs = result.get("graphs_compiled")
+    tokens = tuple(result.get("tokens") or ())
+    again = result.get("tokens_again")
     return replace(
         row,
-        graphs_compiled=result.get("graphs_compiled"),
+        graphs_compiled=graphs,
         recompiles=result.get("recompiles"),
+        graph_breaks=result.get("graph_breaks"),
+        graph_break_reasons=tuple(result.get("graph_break_reasons") or ()),
+        excess_graphs=None if graphs is None else max(0, int(graphs) - EXPECTED_GRAPHS),
+        repeat_identical=result.get("repeat_identical"),
+        repeat_divergence=None if again is None else repeat_divergence(tokens, again),
         load_s=_round(result.get("load_s")),
         first_generate_s=_round(first_s),
         generate_s=_round(second_s),
         compile_s=compile_s,
         peak_device_memory_bytes=result.get("peak_device_memory_bytes"),
         peak_host_rss_bytes=result.get("peak_host_rss_bytes"),
-        tokens=tuple(result.get("tokens") or ()),
+        tokens=tokens,
         distributed_config=json.dumps(result["distributed_config"]) if result.get("distributed_config") else None,
         text=result.get("text"),
         torch=versions.get("torch", row.torch),

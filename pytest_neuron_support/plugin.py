@@ -72,6 +72,7 @@ class Options:
     neff_cache: Path | None
     reference_cache: Path | None
     host_memory_gib: float | None
+    cpu_check_memory_gib: float | None
     core_memory_gib: float | None
     memory_headroom: float
     max_cores: int
@@ -198,6 +199,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="cap each run.py's address space (host memory exhaustion becomes that model's ERROR row)",
     )
     group.addoption(
+        "--cpu-check-memory-gib",
+        default=None,
+        metavar="GIB",
+        help="host memory the teacher-forced CPU check of a sharded run may take (default: what the host has "
+        "available); a model that needs more is judged by the fluency judge alone, and its row says so",
+    )
+    group.addoption(
         "--neff-cache",
         default=None,
         metavar="DIR",
@@ -277,6 +285,9 @@ def parse_options(config: pytest.Config) -> Options:
         host_memory_gib=None
         if get("host_memory_gib") is None
         else _positive_float(get("host_memory_gib"), "--host-memory-gib", "64"),
+        cpu_check_memory_gib=None
+        if get("cpu_check_memory_gib") is None
+        else _positive_float(get("cpu_check_memory_gib"), "--cpu-check-memory-gib", "512"),
     )
 
 
@@ -390,6 +401,9 @@ def _settings(options: Options, device: str, pool: int, core_bytes: int, lease_d
         reference_cache=options.reference_cache,
         compile_cache=options.neff_cache,
         host_memory_limit=None if options.host_memory_gib is None else int(options.host_memory_gib * (1 << 30)),
+        cpu_check_memory=None
+        if options.cpu_check_memory_gib is None
+        else int(options.cpu_check_memory_gib * (1 << 30)),
         stack=current_stack(),
         core_bytes=core_bytes,
         headroom=options.memory_headroom,
@@ -593,7 +607,11 @@ class ModelItem(pytest.Item):
                         )
                 except Exception as exc:  # the harness itself broke (disk full, ...): still a row
                     row = replace(
-                        planned, result="ERROR", failure_stage="harness", error=f"{type(exc).__name__}: {exc}"
+                        planned,
+                        result="ERROR",
+                        failure_stage="harness",
+                        verdict_basis="run",
+                        error=f"{type(exc).__name__}: {exc}",
                     )
         assert row is not None
         self.user_properties.append((ROW_PROPERTY, row.to_json()))
@@ -660,6 +678,7 @@ class ResultsWriter:
                 row = replace(
                     base_row(model, self.settings),
                     failure_stage="harness",
+                    verdict_basis="run",
                     error=f"the pytest worker died while checking this model: {report.longrepr}",
                 )
         if row is None:

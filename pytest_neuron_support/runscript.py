@@ -45,6 +45,10 @@ class RunSpec:
             that loads is used and recorded); empty when not sharded.
         sentences: the sentences an embedding task embeds (empty for generation tasks).
         image_size: (width, height) of the test card run.py draws for image-text-to-text.
+        forced_tokens: set for the teacher-forced CPU check: the device's tokens, scored under the
+            device's own prefix in one forward pass instead of generating; None otherwise.
+        score_own_tokens: a generating run also scores its own tokens teacher-forced (CPU
+            references: their pass is the CPU check of a device run that generated the same tokens).
     """
 
     model: str
@@ -63,6 +67,8 @@ class RunSpec:
     distributed_configs: tuple[dict[str, Any], ...] = ()
     sentences: tuple[str, ...] = ()
     image_size: tuple[int, int] = TEST_CARD_SIZE
+    forced_tokens: tuple[int, ...] | None = None
+    score_own_tokens: bool = False
 
     def to_spec(self) -> dict[str, Any]:
         spec = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
@@ -70,6 +76,7 @@ class RunSpec:
         spec["distributed_configs"] = [dict(c) for c in self.distributed_configs]
         spec["sentences"] = list(self.sentences)
         spec["image_size"] = list(self.image_size)
+        spec["forced_tokens"] = None if self.forced_tokens is None else list(self.forced_tokens)
         return spec
 
 

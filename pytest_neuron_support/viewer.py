@@ -42,7 +42,7 @@ from .dataset import read_dataset, stack_stem
 from .devices import DEVICES
 from .hub import TASKS as HUB_TASKS
 from .hub import HubError, HubRanking, fetch_all, load_snapshot, save_snapshot
-from .records import COLUMN_DOCS, COLUMN_TYPES, RESULTS, STAGES, Row
+from .records import COLUMN_DOCS, COLUMN_TYPES, RESULTS, STAGES, VERDICT_BASES, Row
 
 #: AWS's pip index for neuronx-cc and torch-neuronx (the PyPI names are placeholders).
 NEURON_PIP_INDEX = "https://pip.repos.neuron.amazonaws.com"
@@ -57,6 +57,7 @@ TABLE_COLUMNS: tuple[str, ...] = (
     "task",
     "result",
     "failure_stage",
+    "verdict_basis",
     "error",
     "device",
     "neuron_cores",
@@ -72,6 +73,20 @@ DETAIL_COLUMNS: tuple[str, ...] = (
     "result",
     "failure_stage",
     "error",
+    "verdict_basis",
+    "cpu_check",
+    "positions_checked",
+    "positions_disagreeing",
+    "first_disagreement",
+    "disagreement_deficit",
+    "max_logprob_deficit",
+    "reference_match",
+    "judge_verdict",
+    "judge_score",
+    "repeat_identical",
+    "graphs_compiled",
+    "graph_breaks",
+    "excess_graphs",
     "exclude_reason",
     "exclude_note",
     "device",
@@ -334,6 +349,7 @@ def report_data(rows: Sequence[Row], catalog: Catalog | None, hub_view: HubView)
         "generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "plugin_version": __version__,
         "columns": [{"name": name, "type": COLUMN_TYPES[name], "doc": COLUMN_DOCS[name]} for name in COLUMN_DOCS],
+        "verdict_bases": dict(VERDICT_BASES),
         "table_columns": list(TABLE_COLUMNS),
         "detail_columns": list(DETAIL_COLUMNS),
         "split_columns": list(SPLIT_COLUMNS),
@@ -451,6 +467,7 @@ td.error { max-width: 380px; overflow: hidden; text-overflow: ellipsis; white-sp
 .badge { white-space: nowrap; display: inline-block; padding: 0 6px; border-radius: 4px; font-weight: 600; font-size: 12px; color: #fff; cursor: help; }
 .r-PASS { background: var(--pass); } .r-FAIL { background: var(--fail); } .r-ERROR { background: var(--error); }
 .r-TIMEOUT { background: var(--timeout); } .r-SKIPPED { background: var(--skipped); } .r-EXCLUDED { background: var(--excluded); color: #1f2328; }
+.flag { font-size: 11px; color: #9a6700; font-weight: 600; margin-left: 4px; cursor: help; }
 .r-not-tested { background: #fff; color: #57606a; border: 1px dashed #8c959f; }
 button.model { background: none; border: none; color: #0969da; cursor: pointer; padding: 0; font: inherit; text-align: left; }
 button.model:hover { text-decoration: underline; }
@@ -610,6 +627,13 @@ function badge(entry) {
   if (!entry.row && result === "EXCLUDED") title = "Excluded in the catalog: " + entry.catalog.exclude_reason + (entry.catalog.exclude_note ? " (" + entry.catalog.exclude_note + ")" : "");
   return el("span", { class: cls, title, text: result });
 }
+function graphsFlag(entry) {
+  // On neuron every graph is a neuronx-cc compile: more than static shapes need is worth a look.
+  const extra = entry.row ? entry.row.excess_graphs : null;
+  if (!extra) return "";
+  const breaks = entry.row.graph_breaks ? ", " + entry.row.graph_breaks + " graph break(s)" : "";
+  return el("span", { class: "flag graphs", title: entry.row.graphs_compiled + " graphs compiled where static shapes need 1" + breaks + " (excess_graphs)", text: " +" + extra + " graphs" });
+}
 function stageCell(entry) {
   const stage = entry.row && entry.row.failure_stage;
   if (!stage) return el("td");
@@ -649,7 +673,8 @@ function cellFor(name, entry) {
     return el("td", {}, el("button", { class: "model", "data-model": entry.id, title: "details, run.py and how to rerun", onclick: () => openDetail(entry) , text: entry.id }));
   }
   if (name === "task") return el("td", { text: entry.task });
-  if (name === "result") return el("td", {}, badge(entry));
+  if (name === "result") return el("td", {}, badge(entry), graphsFlag(entry));
+  if (name === "verdict_basis") { const b = entry.row ? entry.row.verdict_basis : null; return el("td", { title: (b && DATA.verdict_bases[b]) || "", text: b || "" }); }
   if (name === "failure_stage") return stageCell(entry);
   if (name === "error") { const text = errorText(entry); return el("td", { class: "error", title: text, text }); }
   const value = entry.row ? entry.row[name] : null;

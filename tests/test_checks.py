@@ -125,3 +125,72 @@ def test_the_embedded_sentences_exercise_padding_and_the_tokenizer() -> None:
     assert any(not s.isascii() for s in EMBEDDING_SENTENCES) and any(
         c.isdigit() for s in EMBEDDING_SENTENCES for c in s
     )
+
+
+def forced(token: int, top1: int, rank: int, deficit: float, ids: list[int] | None = None) -> dict[str, object]:
+    return {"token": token, "top1": top1, "rank": rank, "deficit": deficit, "ids": ids or [top1, token]}
+
+
+def test_teacher_forced_agreement_passes_in_both_modes() -> None:
+    from pytest_neuron_support.checks import teacher_forced
+
+    summary = teacher_forced([forced(5, 5, 0, 0.0), forced(6, 6, 0, 0.0)])
+    assert (summary.positions_checked, summary.positions_disagreeing, summary.first_disagreement) == (2, 0, None)
+    assert summary.max_deficit == 0.0 and summary.all_near_ties is None
+    assert summary.passes("exact") and summary.passes("near-tie")
+
+
+def test_teacher_forced_records_the_first_miss_and_the_worst_one() -> None:
+    from pytest_neuron_support.checks import teacher_forced
+
+    positions = [forced(5, 5, 0, 0.0), forced(7, 8, 1, 0.03), forced(9, 9, 0, 0.0), forced(4, 3, 12, 6.5)]
+    summary = teacher_forced(positions)
+    assert (summary.positions_disagreeing, summary.first_disagreement) == (2, 1)
+    assert (summary.device_token, summary.cpu_token, summary.rank, summary.deficit) == (7, 8, 1, 0.03)
+    assert summary.max_deficit == 6.5
+    assert summary.all_near_ties is False  # the second miss is 6.5 nats and 12 ranks down
+    assert not summary.passes("exact") and not summary.passes("near-tie")
+
+
+def test_teacher_forced_near_ties_pass_only_in_near_tie_mode() -> None:
+    from pytest_neuron_support.checks import teacher_forced
+
+    positions = [forced(5, 5, 0, 0.0), forced(7, 8, 1, 0.03)]
+    device_top = [pos([5], [-0.1]), pos([7, 8], [-0.70, -0.72])]  # the CPU top-1 is the device's second
+    summary = teacher_forced(positions, device_top)
+    assert summary.all_near_ties is True
+    assert not summary.passes("exact") and summary.passes("near-tie")
+    # The same miss where the device's own top-5 lacks the CPU's top-1 is not a near-tie.
+    lopsided = teacher_forced(positions, [pos([5], [-0.1]), pos([7, 1, 2, 3, 4], [-0.1, -2, -3, -4, -5])])
+    assert lopsided.all_near_ties is False and not lopsided.passes("near-tie")
+    # Past the gap (0.5 nats) or outside the CPU's top-5 it is not one either.
+    assert teacher_forced([forced(7, 8, 1, 0.51)]).all_near_ties is False
+    assert teacher_forced([forced(7, 8, 5, 0.2)]).all_near_ties is False
+
+
+def test_teacher_forced_with_nothing_to_score_does_not_pass() -> None:
+    from pytest_neuron_support.checks import teacher_forced
+
+    summary = teacher_forced([])
+    assert summary.positions_checked == 0 and not summary.passes("exact") and not summary.passes("near-tie")
+
+
+def test_repeat_divergence() -> None:
+    from pytest_neuron_support.checks import repeat_divergence
+
+    assert repeat_divergence([1, 2, 3], [1, 2, 3]) is None
+    assert repeat_divergence([1, 2, 3], [1, 9, 3]) == 1
+    assert repeat_divergence([1, 2, 3], [1, 2]) == 2
+
+
+def test_precheck_sees_special_tokens_the_judge_text_leaves_out() -> None:
+    from pytest_neuron_support.checks import fluency_precheck
+
+    special, eos = [0, 1, 2], 1
+    dead = [285, 349, 381] + [0] * 29  # three words, then the pad token: decoded text is "the quick brown"
+    assert fluency_precheck(" the quick brown", dead, special, eos) == (
+        "29 of 32 generated tokens are special tokens (first: id 0)"
+    )
+    # Generation that stops with end-of-sequence is text.
+    assert fluency_precheck(" the quick brown", [285, 349, 381, 1], special, eos) is None
+    assert fluency_precheck(" the quick", [285, 1, 349, 1], special, eos) is not None  # an eos inside is not

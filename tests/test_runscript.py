@@ -78,3 +78,32 @@ def test_cpu_reference_script_stays_eager() -> None:
     written = spec_literal(render(spec(device=DEVICES["cpu"], compile=False, compile_backend="inductor")))
     assert written["compile"] is False
     assert isinstance(written["device"], dict) and written["device"]["force_compile"] is True
+
+
+def test_ranks_join_the_process_group_before_anything_seeds_or_touches_the_device() -> None:
+    # On neuron, seeding sizes the device generator table from the cores visible at that moment;
+    # a rank's device index is right only after init_process_group (shared/reference/torchneuron.md).
+    tree = ast.parse(render(spec(world_size=2)))
+    run = next(node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "run")
+    calls = [
+        node.func.attr
+        for node in ast.walk(run)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr in ("init_process_group", "manual_seed")
+    ]
+    lines = {
+        node.func.attr: node.lineno
+        for node in ast.walk(run)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in calls
+    }
+    assert sorted(calls) == ["init_process_group", "manual_seed"]
+    assert lines["init_process_group"] < lines["manual_seed"]
+
+
+def test_the_cpu_check_script_carries_the_tokens_it_scores() -> None:
+    written = spec_literal(
+        render(spec(device=DEVICES["cpu"], compile=False, compile_backend="inductor", forced_tokens=(5, 6, 7)))
+    )
+    assert written["forced_tokens"] == [5, 6, 7] and written["compile"] is False
+    assert spec_literal(render(spec()))["forced_tokens"] is None

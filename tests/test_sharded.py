@@ -121,23 +121,48 @@ def test_sharded_items_run_two_ranks_get_a_judge_verdict_and_a_failing_rank_is_n
         assert json.loads(row.distributed_config)["tp_size"] == 2
         assert row.judge_verdict == "fluent" and row.judge_score > 0.9
         assert row.judge_model == str(judges["yes"])
-        assert row.reference_match in (True, False)  # recorded on cpu: evidence beyond the judge
+        # The teacher-forced CPU check decided; the judge's verdict is kept beside it.
+        assert (row.verdict_basis, row.cpu_check, row.positions_checked, row.positions_disagreeing) == (
+            "teacher-forced",
+            "ran",
+            32,
+            0,
+        )
+        assert pd.isna(row.reference_match)  # no free-running reference for a sharded run
     failed = df.loc["tiny-random/mistral"]
     assert failed.result == "ERROR" and failed.failure_stage == "load"
     assert "rank 1" in failed.error and "boom on rank 1" in failed.error
 
 
-def test_the_judge_can_fail_a_sharded_run(
+def test_the_judge_is_kept_beside_the_cpu_check_and_fails_a_run_only_when_it_decides(
     pytester: pytest.Pytester, offline_hub: Path, judges: dict[str, Path]
 ) -> None:
     prompt = json.dumps(zoo.TINY_PROMPT)
     pytester.makefile(
         ".yaml", models=f"models:\n  - {{id: tiny-random/llama, task: text-generation, cores: 2, prompt: {prompt}}}\n"
     )
+    # The CPU check agrees with every token: PASS, and the judge's "not fluent" is recorded, not obeyed.
     result = pytester.runpytest_subprocess(
-        "--device=cpu", "--neuron-cores=2", f"--judge-model={judges['no']}", "--results-dir=out"
+        "--device=cpu", "--neuron-cores=2", f"--judge-model={judges['no']}", "--results-dir=checked"
+    )
+    result.assert_outcomes(passed=1)
+    row = pd.read_parquet(pytester.path / "checked" / "data").iloc[0]
+    assert (row.result, row.verdict_basis, row.judge_verdict) == ("PASS", "teacher-forced", "not fluent")
+    assert row.judge_score < 0.1 and row.positions_disagreeing == 0
+    # Without room for the CPU check the judge decides alone, and fails it.
+    result = pytester.runpytest_subprocess(
+        "--device=cpu",
+        "--neuron-cores=2",
+        f"--judge-model={judges['no']}",
+        "--results-dir=judged",
+        "--cpu-check-memory-gib=0.000001",
     )
     result.assert_outcomes(failed=1)
-    row = pd.read_parquet(pytester.path / "out" / "data").iloc[0]
-    assert row.result == "FAIL" and row.failure_stage == "judge" and row.judge_verdict == "not fluent"
-    assert row.judge_score < 0.1
+    row = pd.read_parquet(pytester.path / "judged" / "data").iloc[0]
+    assert (row.result, row.failure_stage, row.verdict_basis, row.judge_verdict) == (
+        "FAIL",
+        "judge",
+        "judge",
+        "not fluent",
+    )
+    assert row.cpu_check.startswith("skipped: ") and pd.isna(row.positions_checked)

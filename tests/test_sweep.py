@@ -66,6 +66,18 @@ def test_tiny_zoo_sweep_passes_every_architecture_with_four_workers_over_four_co
     assert sorted(sharded.model_id) == ["tiny-random/mistral", "tiny-random/mixtral", "tiny-random/qwen3_moe"]
     assert (sharded.tp_size == 2).all() and (sharded.judge_model == "tiny-random/judge").all()
     assert (sharded.judge_verdict == "fluent").all() and sharded.distributed_config.notna().all()
+    # Every PASS rests on CPU evidence, sharded ones too; the judge's verdict is kept beside it.
+    rows = df.set_index("model_id")
+    single = rows[(rows.neuron_cores == 1) & (rows.task != "sentence-similarity")]
+    assert (single.verdict_basis == "parity+teacher-forced").all() and (single.reference_match == True).all()  # noqa: E712
+    assert (rows[rows.neuron_cores > 1].verdict_basis == "teacher-forced").all()
+    assert (rows[rows.neuron_cores > 1].cpu_check == "ran").all()
+    assert rows.loc[zoo.MINILM_REPO, "verdict_basis"] == "cosine"
+    generation = rows[rows.task != "sentence-similarity"]
+    assert (generation.positions_checked == 32).all() and (generation.positions_disagreeing == 0).all()
+    assert (generation.max_logprob_deficit == 0).all() and generation.first_disagreement.isna().all()
+    assert (rows.repeat_identical == True).all()  # noqa: E712  (the warm run was checked, and agreed)
+    assert rows.excess_graphs.notna().all() and rows.graph_breaks.notna().all()
     assert (df.compile_s > 0).all() and (df.load_s > 0).all() and (df.run_s > df.first_generate_s).all()
     # Every task of the catalog: text, a vision-language model, and a real sentence-embedding model.
     assert set(df.task) == {"text-generation", "image-text-to-text", "sentence-similarity"}

@@ -23,6 +23,12 @@ tokens, text and top-k logprobs per position;
   config declares (modules.json, 1_Pooling/config.json; mean pooling without one); the forward
   pass is compiled with torch.compile (device runs), run twice, and the embeddings are written.
 
+With SPEC["forced_tokens"] set, the script is instead the teacher-forced CPU check of a device
+run: it loads the checkpoint eagerly, builds the same inputs, runs ONE forward pass over the prompt
+plus those tokens and writes, per position, the CPU model's top-1, the given token's logprob and
+rank, and its deficit to the top-1 (the device's tokens scored under the device's own prefix).
+A CPU reference run (SPEC["score_own_tokens"]) scores its own tokens the same way after generating.
+
 Every result has timings, peak memory and versions, or the stage that failed with the exception.
 """
 
@@ -218,12 +224,14 @@ def top_logprobs(torch, logits, tokens, k):
 def run():
     import torch
 
-    torch.manual_seed(0)
     facts = {}
     if WORLD["size"] > 1:
         import torch.distributed as dist
 
-        dist.init_process_group(backend=SPEC["device"]["dist_backend"])  # before any device use
+        # Before any seeding or device use: on neuron, seeding sizes the device generator table from
+        # the cores visible at that moment, and a rank's device index is only right after this call.
+        dist.init_process_group(backend=SPEC["device"]["dist_backend"])
+    torch.manual_seed(0)
     enter("load")
     start = time.perf_counter()
     preprocessor, model = load(torch, facts)
@@ -234,7 +242,9 @@ def run():
     if SPEC.get("post_load"):
         # Code the harness's user asked to run after loading (pytest hook); empty by default.
         exec(SPEC["post_load"], {"torch": torch, "model": model, "SPEC": SPEC})
-    if embedding:
+    if SPEC.get("forced_tokens") is not None:
+        result = run_teacher_forced(torch, preprocessor, model)
+    elif embedding:
         result = run_embedding(torch, preprocessor, model, pooling)
     else:
         result = run_generation(torch, preprocessor, model)
@@ -245,6 +255,59 @@ def run():
         # The commit the revision resolved to: what a cached reference must match.
         "commit": getattr(model.config, "_commit_hash", None),
         **facts,
+    }
+
+
+def score_tokens(torch, model, inputs, tokens):
+    """One eager forward over the inputs plus ``tokens``: per token, the model's top-1 and top-k under
+    the prefix before it, the token's logprob, its rank (0 = top-1) and its deficit to the top-1."""
+    if not tokens:
+        return []
+    n_prompt = int(inputs["input_ids"].shape[1])
+    extra = torch.tensor([tokens], dtype=inputs["input_ids"].dtype)
+    full = {}
+    for key, value in inputs.items():
+        if key == "input_ids":
+            value = torch.cat([value, extra], dim=1)
+        elif hasattr(value, "dim") and value.dim() == 2 and value.shape[1] == n_prompt:
+            # Per-token inputs follow the tokens: attend to every one, text type for the rest.
+            fill = torch.ones_like(extra) if key == "attention_mask" else torch.zeros_like(extra)
+            value = torch.cat([value, fill.to(value.dtype)], dim=1)
+        full[key] = value
+    with torch.no_grad():
+        logits = model(**full, use_cache=False).logits
+    # The logits at position p predict the token at p + 1: the prompt's last one predicts token 0.
+    window = logits[0, n_prompt - 1 : n_prompt - 1 + len(tokens)].detach().float().cpu()
+    logprobs = torch.log_softmax(window, dim=-1)
+    positions = []
+    for index, token in enumerate(tokens):
+        row = logprobs[index]
+        values, ids = row.topk(SPEC["top_k"])
+        chosen = float(row[token])
+        positions.append(
+            {
+                "token": int(token),
+                "top1": int(ids[0]),
+                "logprob": round(chosen, 6),
+                "rank": int((row > row[token]).sum()),
+                "deficit": round(float(values[0]) - chosen, 6),
+                "ids": ids.tolist(),
+                "logprobs": [round(v, 6) for v in values.tolist()],
+            }
+        )
+    return positions
+
+
+def run_teacher_forced(torch, preprocessor, model):
+    inputs, _ = generation_inputs(torch, preprocessor, model)
+    enter("check")
+    start = time.perf_counter()
+    positions = score_tokens(torch, model, inputs, [int(t) for t in SPEC["forced_tokens"]])
+    return {
+        "forced": positions,
+        "tokens": [],
+        "prompt_tokens": int(inputs["input_ids"].shape[1]),
+        "forced_s": time.perf_counter() - start,
     }
 
 
@@ -261,6 +324,12 @@ def compiled_graphs(torch, counters):
             "'Compilation will be skipped'), so this run would have been eager"
         )
     return graphs, cache
+
+
+def graph_breaks(counters):
+    """(count, distinct reasons) of Dynamo's graph breaks so far: each break is one more graph."""
+    breaks = counters["graph_break"]
+    return int(sum(breaks.values())), [str(reason)[:300] for reason in list(breaks)[:5]]
 
 
 def run_generation(torch, preprocessor, model):
@@ -287,18 +356,30 @@ def run_generation(torch, preprocessor, model):
 
     tokens = [int(t) for t in first.sequences[0, n_prompt:].tolist()]
     tokens_again = [int(t) for t in second.sequences[0, n_prompt:].tolist()]
-    return {
+    breaks, reasons = graph_breaks(counters)
+    result = {
         "tokens": tokens,
+        "tokens_again": tokens_again,
         "text": tokenizer.decode(tokens, skip_special_tokens=True),
         "repeat_identical": tokens == tokens_again,
         "prompt_tokens": n_prompt,
         "top_logprobs": top_logprobs(torch, first.logits, tokens, SPEC["top_k"]),
+        "special_ids": sorted(int(i) for i in tokenizer.all_special_ids),
+        "eos_id": tokenizer.eos_token_id,
         "graphs_compiled": graphs,
+        "graph_breaks": breaks,
+        "graph_break_reasons": reasons,
         "compile_cache": cache,
         "recompiles": recompiles,
         "first_generate_s": first_s,
         "generate_s": second_s,
     }
+    if SPEC.get("score_own_tokens"):
+        # The teacher-forced pass over this run's own tokens: when a device run generated the very
+        # same tokens, this is its CPU check too, at the cost of one forward here.
+        enter("check")
+        result["forced"] = score_tokens(torch, model, inputs, tokens)
+    return result
 
 
 def read_repo_json(name):
@@ -421,8 +502,11 @@ def run_embedding(torch, tokenizer, model, pooling):
     second = embed()
     second_s = time.perf_counter() - start
     recompiles = int(counters["stats"]["unique_graphs"]) - graphs
+    breaks, reasons = graph_breaks(counters)
     embeddings = first.tolist()
     return {
+        "graph_breaks": breaks,
+        "graph_break_reasons": reasons,
         "embeddings": embeddings,
         "pooling": pooling,
         "tokens": [],
