@@ -55,6 +55,10 @@ class DeviceKind:
             graph, counted in run.py's log; None where run.py reads counters instead (inductor).
         max_pool: largest ``--neuron-cores`` accepted, or None for "what the probe counts";
             cpu cores are slots for ranks, not physical CPUs, so any pool up to 64 works.
+        compiler_version_expr: expression (no torch needed) giving the device compiler's version as
+            its cache keys and published NEFF caches spell it (``neuronxcc.__version__`` keeps the
+            local label, ``+56dc5a86``, that the distribution's metadata may lack), or None where the
+            device has no compiler of its own; evaluated only in :func:`compiler_version`'s subprocess.
     """
 
     name: str
@@ -71,6 +75,7 @@ class DeviceKind:
     compile_cache_env: str = "TORCHINDUCTOR_CACHE_DIR"
     cache_log_markers: tuple[str, str] | None = None
     max_pool: int | None = None
+    compiler_version_expr: str | None = None
 
     def pin_cores(self, first: int, count: int) -> dict[str, str]:
         """Environment that restricts a process to cores ``first .. first+count-1``."""
@@ -113,6 +118,7 @@ DEVICES: Mapping[str, DeviceKind] = MappingProxyType(
             ),
             memory_expr="torch.neuron.get_device_properties(0).total_memory",
             compile_cache_env="TORCH_NEURONX_NEFF_CACHE_DIR",
+            compiler_version_expr="__import__('neuronxcc').__version__",
             # At TORCH_NEURONX_LOG_LEVEL=2 the backend logs one line per graph looked up.
             cache_log_markers=("[NEFF_CACHE] Cache HIT", "[NEFF_CACHE] Cache MISS"),
         ),
@@ -206,3 +212,27 @@ def probe(names: tuple[str, ...] = AUTO_ORDER, python: str = sys.executable, tim
         counts={str(k): int(v) for k, v in seen["counts"].items()},
         core_memory={str(k): int(v) for k, v in seen["core_memory"].items()},
     )
+
+
+#: Environment of processes that must not touch any device: torch autoloads device backends
+#: (torch-neuronx registers through the ``torch.backends`` entry point) unless this is 0.
+NO_DEVICE_ENV: Mapping[str, str] = MappingProxyType({"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
+
+
+def compiler_version(kind: DeviceKind, python: str = sys.executable, timeout: float = 120) -> str:
+    """The device compiler's version (``none`` where the kind has none or it is not installed),
+    read in a subprocess: importing the compiler package must not happen in the pytest controller."""
+    if kind.compiler_version_expr is None:
+        return "none"
+    import os
+
+    proc = subprocess.run(
+        [python, "-c", f"print({kind.compiler_version_expr})"],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        env={**os.environ, **NO_DEVICE_ENV},
+    )
+    lines = proc.stdout.strip().splitlines()
+    return lines[-1].strip() if proc.returncode == 0 and lines else "none"
