@@ -12,7 +12,6 @@ import contextlib
 import hashlib
 import json
 import os
-import shutil
 import time
 import uuid
 from collections.abc import Mapping
@@ -25,7 +24,7 @@ from .runscript import RunSpec
 #: What a CPU run's result holds; bumped when that changes, so older cache entries are misses.
 RESULT_FORMAT = 2
 
-#: A compiler lock older than this belongs to a compile that died.
+#: A partial cache file untouched for this long belongs to a writer that died.
 STALE_LOCK_S = 3600.0
 
 
@@ -84,29 +83,28 @@ class ReferenceCache:
 
 
 def clean_compile_cache(directory: Path, now: float | None = None) -> list[Path]:
-    """Remove what blocks recompilation: stale lock files and entries of failed compiles.
+    """Remove what a compile that died leaves in torch-neuronx's on-disk NEFF cache.
 
-    The neuronx-cc cache keeps one ``MODULE_<hash>`` directory per graph, complete once it
-    holds ``model.done`` (older layouts: a non-empty ``model.neff``); a compile that failed or
-    died leaves the directory without either, and the next run would trip over it. [infer:
-    layout read from published NEFF caches; verify on hardware.] Returns what was removed.
+    The cache (``TORCH_NEURONX_NEFF_CACHE_DIR``) holds ``<dir>/ab/cd/<key>.neff``, each written
+    through a ``.tmp.XXXXXX`` file renamed into place (torch-neuronx ``PersistentCacheBackend``):
+    a writer killed mid-write leaves its ``.tmp.*`` file behind, and a ``.neff`` left empty is no
+    entry at all. Those two are removed; a ``.tmp.*`` touched within :data:`STALE_LOCK_S` may be a
+    live writer's and stays. Locks live elsewhere (``TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR``) and the
+    runtime breaks stale ones itself, so none are touched. On cpu/cuda the same directory is
+    inductor's cache, which leaves no such files. Returns what was removed.
     """
     now = time.time() if now is None else now
     removed: list[Path] = []
     if not directory.is_dir():
         return removed
-    for lock in directory.rglob("*.lock"):
+    for path in directory.rglob("*"):
         with contextlib.suppress(OSError):
-            if now - lock.stat().st_mtime > STALE_LOCK_S:
-                lock.unlink()
-                removed.append(lock)
-    for entry in directory.rglob("MODULE_*"):
-        if not entry.is_dir():
-            continue
-        neff = entry / "model.neff"
-        complete = (entry / "model.done").exists() or (neff.exists() and neff.stat().st_size > 0)
-        locked = any(entry.glob("*.lock"))
-        if not complete and not locked:
-            shutil.rmtree(entry, ignore_errors=True)
-            removed.append(entry)
+            if not path.is_file():
+                continue
+            stat = path.stat()
+            partial = path.name.startswith(".tmp.") and now - stat.st_mtime > STALE_LOCK_S
+            empty = path.suffix == ".neff" and stat.st_size == 0
+            if partial or empty:
+                path.unlink()
+                removed.append(path)
     return removed

@@ -51,8 +51,22 @@ class DeviceKind:
         memory_expr: expression giving one core's memory in bytes (same rules), or None
             where a core has no memory of its own (cpu plans as if on a trn2 core).
         compile_cache_env: variable naming the compile cache directory (``--neff-cache``).
-        cache_log_markers: (hit, miss) substrings the compiler logs per cached / compiled
-            graph, counted in run.py's log; None where run.py reads counters instead (inductor).
+        cache_stats_expr: expression run.py evaluates (after ``import torch``) for the persistent
+            compile cache's counters, a mapping with ``persistent_hits`` / ``persistent_misses``
+            (torch-neuronx's ``_C._get_compilation_cache_stats()``, counted only with
+            ``TORCH_NEURONX_METRICS_ENABLED=1``); None where run.py reads inductor's FX-graph cache
+            counters instead.
+        fallback_ops_expr: expression run.py evaluates for the operations that ran on the host
+            instead of the device (the eager prefill can fall back silently: the fallback switch
+            covers compiled graphs only), or None where nothing falls back.
+        visible_env_vars: variables through which a parent hands a session its slice of the host's
+            cores (host numbering): the pool is that slice, and children are pinned inside it.
+        owners_command: command that lists the device's cores owned by processes (JSON), so the ledger
+            does not lease a core a process outside it holds (``cores.parse_neuron_ls``); None where
+            no such listing exists.
+        physical_core_bytes: memory of the bank behind one physical core, for devices that report no
+            per-core memory; a logical core of ``NEURON_LOGICAL_NC_CONFIG`` (LNC) physical cores gets
+            LNC times this. None where cores are planned as trn2 logical cores (cpu).
         max_pool: largest ``--neuron-cores`` accepted, or None for "what the probe counts";
             cpu cores are slots for ranks, not physical CPUs, so any pool up to 64 works.
         compiler_version_expr: expression (no torch needed) giving the device compiler's version as
@@ -73,7 +87,11 @@ class DeviceKind:
     count_expr: str = "0"
     memory_expr: str | None = None
     compile_cache_env: str = "TORCHINDUCTOR_CACHE_DIR"
-    cache_log_markers: tuple[str, str] | None = None
+    cache_stats_expr: str | None = None
+    fallback_ops_expr: str | None = None
+    visible_env_vars: tuple[str, ...] = ()
+    physical_core_bytes: int | None = None
+    owners_command: tuple[str, ...] | None = None
     max_pool: int | None = None
     compiler_version_expr: str | None = None
 
@@ -97,6 +115,9 @@ class DeviceKind:
             "core_env_var": self.core_env_var,
             "force_compile": self.force_compile,
             "memory_module": self.memory_module,
+            "cache_stats_expr": self.cache_stats_expr,
+            "fallback_ops_expr": self.fallback_ops_expr,
+            "compiler_version_expr": self.compiler_version_expr,
             "env": dict(self.env),
         }
 
@@ -112,15 +133,23 @@ DEVICES: Mapping[str, DeviceKind] = MappingProxyType(
             core_env_contiguous=True,
             force_compile=False,
             memory_module="neuron",
-            env=MappingProxyType({"TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION": "1", "TORCH_NEURONX_LOG_LEVEL": "2"}),
+            # Fallback disabled: a graph that fails to compile raises instead of running eagerly (a
+            # false PASS); metrics enabled: the persistent compile cache counts its hits only then.
+            env=MappingProxyType(
+                {"TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION": "1", "TORCH_NEURONX_METRICS_ENABLED": "1"}
+            ),
             count_expr=(
                 "torch.neuron.device_count() if hasattr(torch, 'neuron') and torch.neuron.is_available() else 0"
             ),
             memory_expr="torch.neuron.get_device_properties(0).total_memory",
             compile_cache_env="TORCH_NEURONX_NEFF_CACHE_DIR",
             compiler_version_expr="__import__('neuronxcc').__version__",
-            # At TORCH_NEURONX_LOG_LEVEL=2 the backend logs one line per graph looked up.
-            cache_log_markers=("[NEFF_CACHE] Cache HIT", "[NEFF_CACHE] Cache MISS"),
+            cache_stats_expr="__import__('torch_neuronx')._C._get_compilation_cache_stats()",
+            fallback_ops_expr="__import__('torch_neuronx').get_fallback_ops()",
+            visible_env_vars=("NEURON_RT_VISIBLE_CORES",),
+            # trn2: 96 GiB of HBM for 8 physical cores per chip.
+            physical_core_bytes=12 << 30,
+            owners_command=("neuron-ls", "-j"),
         ),
         "cuda": DeviceKind(
             name="cuda",
@@ -132,6 +161,7 @@ DEVICES: Mapping[str, DeviceKind] = MappingProxyType(
             force_compile=False,
             memory_module="cuda",
             count_expr="torch.cuda.device_count() if torch.cuda.is_available() else 0",
+            visible_env_vars=("CUDA_VISIBLE_DEVICES",),
             memory_expr="torch.cuda.get_device_properties(0).total_memory",
         ),
         "cpu": DeviceKind(
@@ -217,6 +247,27 @@ def probe(names: tuple[str, ...] = AUTO_ORDER, python: str = sys.executable, tim
 #: Environment of processes that must not touch any device: torch autoloads device backends
 #: (torch-neuronx registers through the ``torch.backends`` entry point) unless this is 0.
 NO_DEVICE_ENV: Mapping[str, str] = MappingProxyType({"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
+
+
+#: A trn2 logical NeuronCore at the default LNC=2: the plan a device without per-core memory gets.
+LNC_DEFAULT = 2
+TRN2_LOGICAL_CORE_BYTES = 24 << 30
+
+
+def fallback_core_bytes(kind: DeviceKind, environ: Mapping[str, str] | None = None) -> int:
+    """Memory of one core for a device that reports none: LNC physical cores' worth on devices with a
+    physical core size (``NEURON_LOGICAL_NC_CONFIG``, default 2), else a trn2 logical core at LNC=2
+    (cpu plans as Trainium would)."""
+    import os
+
+    env = os.environ if environ is None else environ
+    if kind.physical_core_bytes is None:
+        return TRN2_LOGICAL_CORE_BYTES
+    try:
+        lnc = int(env.get("NEURON_LOGICAL_NC_CONFIG", LNC_DEFAULT))
+    except ValueError:
+        lnc = LNC_DEFAULT
+    return kind.physical_core_bytes * max(lnc, 1)
 
 
 def compiler_version(kind: DeviceKind, python: str = sys.executable, timeout: float = 120) -> str:

@@ -77,6 +77,20 @@ def _kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
 
 
+def end_with_parent() -> None:
+    """Ask the kernel to SIGKILL this process when its parent dies (Linux ``PR_SET_PDEATHSIG``;
+    elsewhere nothing happens). An xdist worker calls it, so a controller killed outright takes its
+    workers along, and with them (run.py does the same) every run and rank holding device cores."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() == 1:  # already orphaned before the kernel was asked
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 def _address_space_limit(nbytes: int) -> Callable[[], None]:
     def apply() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (nbytes, nbytes))
@@ -134,7 +148,8 @@ def run_script(
         proc = subprocess.Popen(
             [python, str(script), "--out", str(out)],
             cwd=str(script.parent),
-            env=dict(env),
+            # run.py then asks the kernel to end it (and its ranks) with this process.
+            env={**env, "NEURON_SUPPORT_HARNESS": "1"},
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -39,7 +39,8 @@ from .checks import (
     repeat_divergence,
     teacher_forced,
 )
-from .devices import DEVICES, DeviceKind
+from .cores import CorePool, neuron_owners
+from .devices import DEVICES, NO_DEVICE_ENV, DeviceKind
 from .execution import ProcessOutcome, run_script
 from .planning import DEFAULT_HEADROOM, DEFAULT_MAX_CORES, DTYPE_BYTES, Plan, PlanningError, inspect_model, plan_cores
 from .records import Row, Stack
@@ -55,7 +56,9 @@ class Settings:
 
     Attributes:
         device: the device kind runs use.
-        pool_cores: size of the core pool items lease from.
+        pool_cores: most cores this session holds at once (``--neuron-cores``).
+        pool_slice: the host cores it may lease (its slice, in the host's numbering).
+        session: its id in the host-wide core ledger.
         max_new_tokens: greedy tokens per run.
         prompt: default prompt (catalog entries may set their own).
         model_timeout: seconds each run.py process may take before its group is killed.
@@ -67,7 +70,7 @@ class Settings:
         core_bytes: memory of one core the planner fills (device-reported or --core-memory-gib).
         headroom: fraction of each core kept free of weights (--memory-headroom).
         max_cores: most cores one model may use (--max-cores).
-        lease_dir: directory of the session's core ledger, shared by all workers.
+        lease_dir: directory of the host-wide core ledger (every session on the host shares it).
         judge_model: Hub id (or local path) of the model that judges sharded runs' fluency.
         judge_revision: its revision.
         parity: ``exact`` (every token equal) or ``near-tie`` (a near-tie first divergence passes).
@@ -100,6 +103,22 @@ class Settings:
     compile_cache: Path | None = None
     host_memory_limit: int | None = None
     cpu_check_memory: int | None = None
+    pool_slice: tuple[int, ...] = ()
+    session: str = ""
+
+
+def core_pool(settings: Settings) -> CorePool:
+    """The session's view of the host-wide core ledger: its slice, its cap, the device's owners."""
+    assert settings.lease_dir is not None
+    command = settings.device.owners_command
+    return CorePool(
+        settings.lease_dir,
+        settings.pool_slice or settings.pool_cores,
+        limit=settings.pool_cores,
+        session=settings.session or None,
+        device=settings.device.name,
+        owners=None if command is None else neuron_owners(command),
+    )
 
 
 #: Graphs a run with static shapes needs: one decoding-step graph (generate() runs the prefill
@@ -428,14 +447,16 @@ def planned_row(model: ModelSpec, settings: Settings, plan: Plan) -> Row:
     )
     if plan.skip is not None:
         return replace(row, result="SKIPPED", failure_stage="plan", verdict_basis="plan", error=plan.skip)
-    if plan.cores > settings.pool_cores:
+    fits = core_pool(settings).largest_block() if settings.lease_dir is not None else settings.pool_cores
+    if plan.cores > fits:
         return replace(
             row,
             result="SKIPPED",
             failure_stage="plan",
             verdict_basis="plan",
-            error=f"needs {plan.cores} cores but the pool has {settings.pool_cores}; pass --neuron-cores={plan.cores} "
-            "or more on a machine that has them",
+            error=f"needs {plan.cores} cores but the pool has {settings.pool_cores}"
+            + (f" (at most {fits} contiguous)" if fits < settings.pool_cores else "")
+            + f"; pass --neuron-cores={plan.cores} or more on a machine that has them",
         )
     return row
 
@@ -482,7 +503,7 @@ def run_model(
     result = outcome.result
     if result is not None:
         row = _with_device_result(row, result)
-        row = _with_cache_counts(row, settings.device, result, outcome)
+        row = _with_cache_counts(row, result)
     if result is None or not result.get("ok"):
         if reference is not None:
             reference.cancel()
@@ -777,8 +798,9 @@ _PIN_VARS = frozenset(kind.core_env_var for kind in DEVICES.values() if kind.cor
 
 
 def _cpu_env(environ: Mapping[str, str]) -> dict[str, str]:
-    """The environment of a CPU-side run (reference, judge): no device core pinning."""
-    return {k: v for k, v in environ.items() if k not in _PIN_VARS}
+    """The environment of a CPU-side run (reference, CPU check, judge): no device core pinning, and
+    no device backend autoloaded (importing torch would load torch-neuronx on a trn2 host)."""
+    return {**{k: v for k, v in environ.items() if k not in _PIN_VARS}, **NO_DEVICE_ENV}
 
 
 def _with_device_result(row: Row, result: Mapping[str, Any]) -> Row:
@@ -802,6 +824,8 @@ def _with_device_result(row: Row, result: Mapping[str, Any]) -> Row:
         generate_s=_round(second_s),
         compile_s=compile_s,
         peak_device_memory_bytes=result.get("peak_device_memory_bytes"),
+        peak_device_memory_by_rank=tuple(m for m in result.get("peak_device_memory_by_rank") or () if m is not None),
+        fallback_ops=tuple(result.get("fallback_ops") or ()),
         peak_host_rss_bytes=result.get("peak_host_rss_bytes"),
         tokens=tokens,
         distributed_config=json.dumps(result["distributed_config"]) if result.get("distributed_config") else None,
@@ -813,12 +837,8 @@ def _with_device_result(row: Row, result: Mapping[str, Any]) -> Row:
     )
 
 
-def _with_cache_counts(row: Row, device: DeviceKind, result: Mapping[str, Any], outcome: ProcessOutcome) -> Row:
-    """Compile-cache hits and misses: counted by run.py (inductor), or from the compiler's log lines."""
-    if device.cache_log_markers is not None:
-        log = outcome.log_tail(chars=10_000_000)
-        hit, miss = device.cache_log_markers
-        return replace(row, compile_cache_hits=log.count(hit), compile_cache_misses=log.count(miss))
+def _with_cache_counts(row: Row, result: Mapping[str, Any]) -> Row:
+    """Compile-cache hits and misses, as run.py counted them (the device's persistent cache)."""
     counts = result.get("compile_cache") or {}
     return replace(row, compile_cache_hits=counts.get("hits"), compile_cache_misses=counts.get("misses"))
 

@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import tempfile
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -24,7 +25,7 @@ from . import hooks
 from .caches import clean_compile_cache
 from .catalog import DEFAULT_PROMPT, DTYPES, CatalogError, ModelSpec, cli_model, load_catalog, merge_models
 from .checks import DEFAULT_JUDGE, PARITY_MODES
-from .cores import CorePool
+from .cores import default_ledger_dir, session_cores
 from .dataset import (
     PartWriter,
     check_writable,
@@ -34,16 +35,25 @@ from .dataset import (
     recover_parts,
     write_rows,
 )
-from .devices import AUTO_ORDER, DEVICES, probe
-from .pipeline import Settings, base_row, gate, plan_model, planned_row, prior_seconds, run_model, settings_hash, slug
+from .devices import AUTO_ORDER, DEVICES, compiler_version, fallback_core_bytes, probe
+from .execution import end_with_parent
+from .pipeline import (
+    Settings,
+    base_row,
+    core_pool,
+    gate,
+    plan_model,
+    planned_row,
+    prior_seconds,
+    run_model,
+    settings_hash,
+    slug,
+)
 from .planning import CORE_CHOICES, DEFAULT_HEADROOM, DEFAULT_MAX_CORES, Plan
 from .records import Row, current_stack
 from .sharding import Shard, ShardError, assign, parse_shard, shard_from_env
 
 ROW_PROPERTY = "neuron_support_row"
-#: A trn2 logical NeuronCore at LNC=2 (the default): 96 GiB HBM per chip / 4. Devices that
-#: report no per-core memory (cpu) are planned as if they were one, so plans match Trainium's.
-TRN2_CORE_BYTES = 24 << 30
 DEFAULT_CACHE_HOME = Path(os.environ.get("NEURON_SUPPORT_CACHE", "~/.cache/neuron-support"))
 WORKERINPUT_KEY = "neuron_support"
 
@@ -73,12 +83,14 @@ class Options:
     reference_cache: Path | None
     host_memory_gib: float | None
     cpu_check_memory_gib: float | None
+    core_ledger: Path
     core_memory_gib: float | None
     memory_headroom: float
     max_cores: int
 
 
 options_key = pytest.StashKey[Options]()
+resolved_key = pytest.StashKey["Resolved"]()
 settings_key = pytest.StashKey[Settings]()
 catalog_key = pytest.StashKey[tuple[ModelSpec, ...]]()
 writer_key = pytest.StashKey["ResultsWriter"]()
@@ -199,6 +211,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="cap each run.py's address space (host memory exhaustion becomes that model's ERROR row)",
     )
     group.addoption(
+        "--core-ledger",
+        default=None,
+        metavar="DIR",
+        help="where every pytest session on this host keeps its core leases (default: $NEURON_SUPPORT_CORE_LEDGER, "
+        "else <tmp>/neuron-support-cores); sessions sharing it never lease the same core",
+    )
+    group.addoption(
         "--cpu-check-memory-gib",
         default=None,
         metavar="GIB",
@@ -288,6 +307,7 @@ def parse_options(config: pytest.Config) -> Options:
         cpu_check_memory_gib=None
         if get("cpu_check_memory_gib") is None
         else _positive_float(get("cpu_check_memory_gib"), "--cpu-check-memory-gib", "512"),
+        core_ledger=Path(get("core_ledger")).resolve() if get("core_ledger") else default_ledger_dir(),
     )
 
 
@@ -348,8 +368,37 @@ def _sweep_requested(config: pytest.Config, options: Options) -> bool:
     return False
 
 
-def _resolve_device(options: Options) -> tuple[str, int, int]:
-    """(device kind, pool size, bytes per core) from the options and, where needed, a probe subprocess."""
+@dataclass(frozen=True)
+class Resolved:
+    """What the controller finds out once and hands to every xdist worker (``workerinput``).
+
+    Attributes:
+        device: the device kind runs use.
+        cores: the host cores this session may lease (its slice, host numbering).
+        pool: most cores it holds at once (``--neuron-cores``, default the whole slice).
+        core_bytes: memory of one core the planner fills.
+        neuronx_cc: the device compiler's version (its own ``__version__``), ``none`` off Trainium.
+        session: this session's id in the host-wide core ledger.
+    """
+
+    device: str
+    cores: tuple[int, ...]
+    pool: int
+    core_bytes: int
+    neuronx_cc: str
+    session: str
+
+    def to_workerinput(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "cores": list(self.cores)}
+
+    @classmethod
+    def from_workerinput(cls, data: dict[str, Any]) -> Resolved:
+        return cls(**{**data, "cores": tuple(data["cores"])})
+
+
+def _resolve_device(options: Options) -> Resolved:
+    """The device kind, this session's slice of its cores, the pool, bytes per core and the
+    compiler version, from the options and, where needed, probe subprocesses."""
     core_memory: int | None = None
     if options.device == "cpu":
         available = os.cpu_count() or 1
@@ -370,24 +419,40 @@ def _resolve_device(options: Options) -> tuple[str, int, int]:
                     "install its runtime or pass --device=cpu"
                 )
         options = Options(**{**options.__dict__, "device": name})
-    limit = DEVICES[options.device].max_pool or available
+    kind = DEVICES[options.device]
+    # cpu "cores" are slots for ranks (max_pool of them), any number of which a session may use.
+    try:
+        cores = session_cores(kind.visible_env_vars, kind.max_pool or available)
+    except ValueError as exc:
+        raise pytest.UsageError(f"the slice of cores this session was given is unreadable: {exc}") from None
+    limit = len(cores)
     if options.neuron_cores is not None and options.neuron_cores > limit:
         raise pytest.UsageError(
-            f"--neuron-cores={options.neuron_cores} is more than the {limit} core(s) the "
-            f"{options.device} device reports; pass at most {limit}"
+            f"--neuron-cores={options.neuron_cores} is more than the {limit} core(s) this session may use on the "
+            f"{options.device} device; pass at most {limit}"
         )
     if options.core_memory_gib is not None:
         core_bytes = int(options.core_memory_gib * (1 << 30))
     else:
-        core_bytes = core_memory or TRN2_CORE_BYTES
-    return options.device, options.neuron_cores or available, core_bytes
+        core_bytes = core_memory or fallback_core_bytes(kind)
+    default_pool = min(limit, available) if kind.max_pool else limit
+    return Resolved(
+        device=options.device,
+        cores=cores,
+        pool=options.neuron_cores or default_pool,
+        core_bytes=core_bytes,
+        neuronx_cc=compiler_version(kind),
+        session=uuid.uuid4().hex[:12],
+    )
 
 
-def _settings(options: Options, device: str, pool: int, core_bytes: int, lease_dir: Path) -> Settings:
-    kind = DEVICES[device]
+def _settings(options: Options, resolved: Resolved) -> Settings:
+    kind = DEVICES[resolved.device]
     return Settings(
         device=kind,
-        pool_cores=pool,
+        pool_cores=resolved.pool,
+        pool_slice=resolved.cores,
+        session=resolved.session,
         max_new_tokens=options.max_new_tokens,
         prompt=options.prompt,
         model_timeout=options.model_timeout,
@@ -404,11 +469,11 @@ def _settings(options: Options, device: str, pool: int, core_bytes: int, lease_d
         cpu_check_memory=None
         if options.cpu_check_memory_gib is None
         else int(options.cpu_check_memory_gib * (1 << 30)),
-        stack=current_stack(),
-        core_bytes=core_bytes,
+        stack=dataclasses.replace(current_stack(), neuronx_cc=resolved.neuronx_cc),
+        core_bytes=resolved.core_bytes,
         headroom=options.memory_headroom,
         max_cores=options.max_cores,
-        lease_dir=lease_dir,
+        lease_dir=options.core_ledger,
     )
 
 
@@ -442,16 +507,15 @@ def pytest_configure(config: pytest.Config) -> None:
     options = dataclasses.replace(options, judge_model=judge[0], judge_revision=options.judge_revision or judge[1])
     config.stash[options_key] = options
     if _is_worker(config):
+        # A worker ends with its controller: its run.py (and that run's ranks) then end with it.
+        end_with_parent()
         shared = config.workerinput[WORKERINPUT_KEY]  # type: ignore[attr-defined]
-        config.stash[settings_key] = _settings(
-            options, shared["device"], shared["pool"], shared["core_bytes"], Path(shared["lease_dir"])
-        )
+        config.stash[settings_key] = _settings(options, Resolved.from_workerinput(shared))
         _load_recorded(config)
         return
-    device, pool, core_bytes = _resolve_device(options)
-    # The core ledger lives where every worker of this session can reach it, and nowhere else.
-    lease_dir = Path(tempfile.mkdtemp(prefix="neuron-support-cores-"))
-    config.stash[settings_key] = _settings(options, device, pool, core_bytes, lease_dir)
+    resolved = _resolve_device(options)
+    config.stash[resolved_key] = resolved
+    config.stash[settings_key] = _settings(options, resolved)
     try:
         check_writable(options.results_dir)
     except OSError as exc:
@@ -490,14 +554,9 @@ def _load_recorded(config: pytest.Config) -> None:
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node: Any) -> None:
     """xdist controller: hand the resolved device to workers so they never probe it."""
-    settings = node.config.stash.get(settings_key, None)
-    if settings is not None:
-        node.workerinput[WORKERINPUT_KEY] = {
-            "device": settings.device.name,
-            "pool": settings.pool_cores,
-            "core_bytes": settings.core_bytes,
-            "lease_dir": str(settings.lease_dir),
-        }
+    resolved = node.config.stash.get(resolved_key, None)
+    if resolved is not None:
+        node.workerinput[WORKERINPUT_KEY] = resolved.to_workerinput()
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -589,8 +648,7 @@ class ModelItem(pytest.Item):
             row = planned_row(model, settings, plan)
             if row.result != "SKIPPED":
                 post_load = self.config.hook.pytest_neuron_support_post_load(config=self.config, model=model) or ""
-                assert settings.lease_dir is not None
-                pool = CorePool(settings.lease_dir, settings.pool_cores)
+                pool = core_pool(settings)
                 # Leases are granted in cost order too, so the largest work is not starved.
                 priority = self.stash.get(cost_key, 0.0)
                 planned = row
@@ -697,8 +755,6 @@ class ResultsWriter:
         except OSError as exc:
             self.write_error = exc
             self._rescue(session)
-        if self.settings.lease_dir is not None:
-            shutil.rmtree(self.settings.lease_dir, ignore_errors=True)
 
     def _rescue(self, session: pytest.Session) -> None:
         """The results directory refused the dataset: put every row somewhere else, and fail."""

@@ -26,6 +26,8 @@ RESULTS: Mapping[str, str] = {
         "device's own prefix (teacher-forced); sharded: every device token is the CPU top-1 teacher-forced; "
         "--parity near-tie also accepts disagreements that are near-ties; image-text-to-text: the same image "
         "too; embedding tasks: every sentence's device embedding has cosine >= cosine_threshold with the CPU one. "
+        "A PASS whose fallback_ops is not empty ran those operations on the host, not the device: it is "
+        "flagged wherever results are shown. "
         "Only where the host could not hold the model for the CPU check (verdict_basis 'judge') does a "
         "sharded PASS rest on the fluency judge alone. It does not measure throughput or latency, longer "
         "generations, sampling, batching, or accuracy on any benchmark."
@@ -195,7 +197,22 @@ class Row:
     compile_cache_hits: int | None = field(default=None, metadata=_doc("compiled graphs served from the cache"))
     compile_cache_misses: int | None = field(default=None, metadata=_doc("compiled graphs not found in the cache"))
     peak_device_memory_bytes: int | None = field(
-        default=None, metadata=_doc("peak allocator memory on the device (null on cpu)")
+        default=None,
+        metadata=_doc(
+            "the device allocator's peak on one core (torch.<device>.max_memory_allocated after synchronize: "
+            "tensors only, no compiled code, scratchpad or collective buffers); sharded: the largest rank's; "
+            "null on cpu"
+        ),
+    )
+    peak_device_memory_by_rank: tuple[int, ...] = field(
+        default=(), metadata=_doc("sharded runs: each rank's allocator peak on its own core, by rank")
+    )
+    fallback_ops: tuple[str, ...] = field(
+        default=(),
+        metadata=_doc(
+            "operations that ran on the host instead of the device (torch-neuronx's get_fallback_ops(): the eager "
+            "prefill can fall back silently); a PASS with any is flagged"
+        ),
     )
     peak_host_rss_bytes: int | None = field(default=None, metadata=_doc("peak resident memory of run.py"))
     tokens: tuple[int, ...] = field(default=(), metadata=_doc("generated token ids on the device"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import huggingface_hub.constants  # noqa: F401  (first, with the environment sti
 # them once, here, before any test runs.
 import pandas.core.arrays.arrow.extension_types  # noqa: F401
 import pytest
+from faultkit import TAG_VAR, kill_own_processes
 from filelock import FileLock
 
 from pytest_neuron_support import zoo
@@ -27,6 +29,16 @@ def _offline_subprocesses(monkeypatch: pytest.MonkeyPatch) -> None:
     cache fails at once instead of retrying DNS for minutes. Tests that talk to the loopback Hub
     from a subprocess set HF_HUB_OFFLINE=0 themselves."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+@pytest.fixture(autouse=True)
+def _own_core_ledger(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Each test's sessions lease from a ledger of their own: the default one is host-wide, and the
+    tests that run side by side (-n 2) would otherwise share it (a test that shares one on purpose
+    gives its sessions the same directory)."""
+    ledger = tmp_path_factory.mktemp("core-ledger")
+    monkeypatch.setenv("NEURON_SUPPORT_CORE_LEDGER", str(ledger))
+    return ledger
 
 
 pytest_plugins = ["pytester"]
@@ -60,3 +72,15 @@ def offline_hub(tiny_zoo_cache: Path, monkeypatch: pytest.MonkeyPatch) -> Iterat
     for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
         monkeypatch.delenv(name, raising=False)
     yield tiny_zoo_cache
+
+
+@pytest.fixture
+def process_tag(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A tag unique to this test, in the environment every process it starts inherits (pytester
+    runs, their xdist workers, run.py, spawned ranks, compiler workers): faultkit.own_processes
+    finds them by it, and none of another test's. Whatever the test leaves alive is killed after
+    it, so a failed check does not leak into the next test."""
+    tag = uuid.uuid4().hex
+    monkeypatch.setenv(TAG_VAR, tag)
+    yield tag
+    kill_own_processes(tag)

@@ -154,3 +154,81 @@ def test_a_killed_waiter_does_not_hold_the_line(tmp_path: Path) -> None:
     waiter.wait()
     assert pool.acquire(1, timeout=10).first == 0
     assert pool.waiting() == []
+
+
+# --- host-wide leases: slices in host numbering, sessions sharing one ledger, cores owned outside it ---
+
+
+def test_core_lists_parse_as_the_runtime_writes_them() -> None:
+    from pytest_neuron_support.cores import parse_cores, session_cores
+
+    assert parse_cores("3") == (3,) and parse_cores("8-11") == (8, 9, 10, 11)
+    assert parse_cores("0,1, 4-5") == (0, 1, 4, 5)
+    for bad in ("a", "5-3", "1-"):
+        with pytest.raises(ValueError):
+            parse_cores(bad)
+    # The slice a parent hands a session: ours first, then the device's own variable, else all reported.
+    assert session_cores(("NEURON_RT_VISIBLE_CORES",), 64, {"NEURON_RT_VISIBLE_CORES": "8-15"}) == tuple(range(8, 16))
+    env = {"NEURON_SUPPORT_VISIBLE_CORES": "4-5", "NEURON_RT_VISIBLE_CORES": "8-15"}
+    assert session_cores(("NEURON_RT_VISIBLE_CORES",), 64, env) == (4, 5)
+    assert session_cores(("NEURON_RT_VISIBLE_CORES",), 4, {}) == (0, 1, 2, 3)
+    with pytest.raises(ValueError, match="NEURON_RT_VISIBLE_CORES=x"):
+        session_cores(("NEURON_RT_VISIBLE_CORES",), 4, {"NEURON_RT_VISIBLE_CORES": "x"})
+
+
+def test_a_session_given_a_slice_leases_and_pins_inside_it_in_host_numbering(tmp_path: Path) -> None:
+    from pytest_neuron_support.devices import DEVICES
+
+    pool = CorePool(tmp_path, tuple(range(8, 16)), device="neuron")
+    two = pool.acquire(2)
+    four = pool.acquire(4)
+    one = pool.acquire(1)
+    assert (two.first, four.first, one.first) == (8, 12, 10)  # aligned in host numbering, never 0-7
+    # The child's pinning names host cores: under a parent slice 8-15 a 2-core lease is 8-9, not 0-1.
+    assert DEVICES["neuron"].pin_cores(two.first, two.count) == {"NEURON_RT_VISIBLE_CORES": "8-9"}
+    assert DEVICES["cuda"].pin_cores(four.first, four.count) == {"CUDA_VISIBLE_DEVICES": "12,13,14,15"}
+    with pytest.raises(LeaseTooLarge, match=r"the pool has 8 \(cores 8-15 of the host\)"):
+        pool.acquire(16)
+    assert pool.largest_block() == 8
+
+
+def test_two_sessions_on_one_ledger_never_share_a_core_and_each_keeps_its_cap(tmp_path: Path) -> None:
+    a = CorePool(tmp_path, 4, limit=2, session="a")
+    b = CorePool(tmp_path, 4, limit=2, session="b")
+    first = a.acquire(2)
+    assert a.try_acquire(1) is None  # a holds its cap of 2 though cores are free
+    second = b.acquire(2)
+    assert set(first.cores).isdisjoint(second.cores) and {first.first, second.first} == {0, 2}
+    assert b.try_acquire(1) is None
+    a.release(first)
+    assert b.try_acquire(1) is None  # b is at its cap; a's release does not lend b a core
+    assert a.try_acquire(1) is not None
+
+
+def test_cores_owned_outside_the_ledger_are_not_leased_but_our_own_runs_are_ours(tmp_path: Path) -> None:
+    # pid 1 (init) holds cores 0 and 1: another runner, outside the ledger. Core 4 is held by a child
+    # of this process, which holds leases: one of our own runs, not a stranger.
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        pool = CorePool(tmp_path, 8, owners=lambda: {0: 1, 1: 1, 4: child.pid})
+        first = pool.acquire(2)
+        assert first.first == 2  # 0-1 are taken by the stranger
+        second = pool.acquire(2)
+        assert second.first == 4  # our own child's core does not count against us
+        assert pool.try_acquire(4) is None  # the only aligned 4-block left, 0-3, holds the stranger's cores
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_neuron_ls_listing_marks_every_core_of_a_used_device() -> None:
+    from pytest_neuron_support.cores import parse_neuron_ls
+
+    listing = [
+        {"neuron_device": 0, "nc_count": 4, "neuron_processes": [{"pid": 4242, "command": "python other.py"}]},
+        {"neuron_device": 1, "nc_count": 4, "neuron_processes": []},
+        {"neuron_device": 2, "nc_count": 4, "neuroncore_ids": [8, 9, 10, 11], "neuron_processes": [{"pid": 7}]},
+    ]
+    assert parse_neuron_ls(listing) == {0: 4242, 1: 4242, 2: 4242, 3: 4242, 8: 7, 9: 7, 10: 7, 11: 7}
+    assert parse_neuron_ls({"neuron_devices": listing[:1]}) == {0: 4242, 1: 4242, 2: 4242, 3: 4242}
+    assert parse_neuron_ls("garbage") == {}

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from faultkit import alive_pids_running, catalog
+from faultkit import catalog, own_processes
 
 pytestmark = pytest.mark.slow
 
@@ -35,7 +35,7 @@ def pytest_neuron_support_post_load(config, model):
 
 
 def test_crash_hang_memory_and_compile_faults_are_rows_and_the_sweep_goes_on(
-    pytester: pytest.Pytester, offline_hub: Path
+    pytester: pytest.Pytester, offline_hub: Path, process_tag: str
 ) -> None:
     pytester.makeconftest(FAULTS)
     pytester.makefile(
@@ -60,12 +60,14 @@ def test_crash_hang_memory_and_compile_faults_are_rows_and_the_sweep_goes_on(
     assert (crash.result, crash.failure_stage) == ("ERROR", "load")
     assert "killed by SIGSEGV" in crash.error
     # Its CPU reference, started beside the device run, was stopped when the device run died.
-    assert alive_pids_running("tiny-random--llama") == []
+    # This test's own processes only (by tag), in the model's run directory (by cwd or path).
+    runs = pytester.path / "out" / "runs"
+    assert own_processes(process_tag, under=runs / "tiny-random--llama") == []
 
     hang = df.loc["tiny-random/mistral"]
     assert (hang.result, hang.failure_stage) == ("TIMEOUT", "load")
     assert "exceeded the timeout" in hang.error
-    assert alive_pids_running("tiny-random--mistral") == []  # the whole process group is gone
+    assert own_processes(process_tag, under=runs / "tiny-random--mistral") == []  # the whole process group is gone
 
     memory = df.loc["tiny-random/phi3"]
     assert (memory.result, memory.failure_stage) == ("ERROR", "load")
@@ -76,3 +78,4 @@ def test_crash_hang_memory_and_compile_faults_are_rows_and_the_sweep_goes_on(
     assert "aten::fancy_op is not supported" in compile_error.error
 
     assert df.loc["tiny-random/qwen3", "result"] == "PASS"
+    assert own_processes(process_tag) == []  # nothing the sweep started is left, orphans included

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from faultkit import alive_pids_running, catalog
+from faultkit import catalog, own_processes
 
 pytestmark = pytest.mark.slow
 
@@ -23,7 +23,7 @@ def pytest_neuron_support_post_load(config, model):
 
 
 def test_a_rank_killed_by_a_signal_is_an_error_row_and_no_rank_is_left(
-    pytester: pytest.Pytester, offline_hub: Path
+    pytester: pytest.Pytester, offline_hub: Path, process_tag: str
 ) -> None:
     pytester.makeconftest(KILL_RANK_1)
     models = catalog("tiny-random/mistral", "tiny-random/qwen3").replace(
@@ -40,5 +40,9 @@ def test_a_rank_killed_by_a_signal_is_an_error_row_and_no_rank_is_left(
     # Rank 0 may be stopped by the launcher before it reports, so it can be listed too.
     assert re.search(r"rank\(s\) \[(0, )?1\] died without a result", died.error), died.error
     assert "process 1 terminated with signal SIGKILL" in died.error, died.error
-    assert alive_pids_running("tiny-random--mistral") == []  # rank 0 did not outlive its peer
+    # Neither rank 0 nor the launcher outlived the dead peer. By this test's tag, so another
+    # worker's sweep of mistral is not counted; by cwd too, as spawned ranks run in the launcher's
+    # run directory while their command line names neither it nor the model.
+    assert own_processes(process_tag, under=pytester.path / "out" / "runs" / "tiny-random--mistral") == []
     assert df.loc["tiny-random/qwen3", "result"] == "PASS"
+    assert own_processes(process_tag) == []  # nothing the sweep started is left, orphans included

@@ -41,7 +41,9 @@ def test_rendered_script_is_valid_python_with_everything_written_in() -> None:
     device = written["device"]
     assert isinstance(device, dict)
     assert device["device_map"] == "neuron" and device["compile_backend"] == "neuron"
-    assert device["env"] == {"TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION": "1", "TORCH_NEURONX_LOG_LEVEL": "2"}
+    assert device["env"] == {"TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION": "1", "TORCH_NEURONX_METRICS_ENABLED": "1"}
+    assert device["cache_stats_expr"] == "__import__('torch_neuronx')._C._get_compilation_cache_stats()"
+    assert device["fallback_ops_expr"] == "__import__('torch_neuronx').get_fallback_ops()"
     assert '"""Does org/name run on neuron?' in source
 
 

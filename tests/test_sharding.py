@@ -64,20 +64,23 @@ def test_reference_cache_is_keyed_by_settings_and_checked_against_the_commit(tmp
     assert cache.get(key, "def") is None  # the branch moved: not a hit
 
 
-def test_compile_cache_cleaning_removes_failed_entries_and_stale_locks(tmp_path: Path) -> None:
-    version = tmp_path / "neuronxcc-2.21.0"
-    done = version / "MODULE_1+a"
-    failed = version / "MODULE_2+a"
-    busy = version / "MODULE_3+a"
-    for entry in (done, failed, busy):
-        entry.mkdir(parents=True)
-    (done / "model.done").touch()
-    (done / "model.neff").write_bytes(b"neff")
-    (failed / "model.log").write_text("ERROR: compilation failed")
-    (busy / "model.hlo_module.pb.lock").touch()  # a live compile holds it
-    stale = version / "old.lock"
-    stale.touch()
-    os.utime(stale, (time.time() - 7200, time.time() - 7200))
+def test_compile_cache_cleaning_removes_what_a_dead_writer_left_in_the_neff_layout(tmp_path: Path) -> None:
+    # torch-neuronx's on-disk layout: <dir>/ab/cd/<key>.neff, written through .tmp.XXXXXX files.
+    entries = tmp_path / "ab" / "cd"
+    entries.mkdir(parents=True)
+    done = entries / "abcd1234.neff"
+    done.write_bytes(b"neff")
+    empty = entries / "abcd5678.neff"
+    empty.touch()
+    dead = entries / ".tmp.Xy12Ab"
+    dead.write_bytes(b"half a neff")
+    os.utime(dead, (time.time() - 7200, time.time() - 7200))
+    writing = entries / ".tmp.Qw34Er"  # a live writer's, touched just now
+    writing.write_bytes(b"being written")
+    other = tmp_path / "notes.txt"
+    other.write_text("not ours to judge")
     removed = clean_compile_cache(tmp_path)
-    assert set(removed) == {failed, stale}
-    assert done.exists() and busy.exists() and not failed.exists()
+    assert set(removed) == {empty, dead}
+    assert done.exists() and writing.exists() and other.exists()
+    assert not empty.exists() and not dead.exists()
+    assert clean_compile_cache(tmp_path / "missing") == []

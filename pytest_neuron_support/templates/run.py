@@ -39,6 +39,7 @@ import json
 import os
 import platform
 import resource
+import signal
 import sys
 import time
 import traceback
@@ -93,9 +94,30 @@ def versions():
         "torch": version("torch"),
         "transformers": version("transformers"),
         "torch_neuronx": version("torch-neuronx"),
-        "neuronx_cc": version("neuronx-cc"),
+        "neuronx_cc": compiler_version(version("neuronx-cc")),
         "python": platform.python_version(),
     }
+
+
+def compiler_version(distribution_version):
+    """The device compiler's own version (SPEC["device"]["compiler_version_expr"]: neuronxcc's
+    __version__, with its local label, e.g. 2.15.128.0+56dc5a86, which its cache keys and the
+    published NEFF caches are named by), else the distribution's version."""
+    if distribution_version == "none":
+        return "none"
+    try:
+        found = device_fact(None, "compiler_version_expr")
+    except Exception:
+        found = None
+    return distribution_version if found is None else str(found)
+
+
+def device_fact(torch, name):
+    """Evaluate the device table's expression ``name`` (SPEC["device"]), or None where it has none."""
+    expr = SPEC["device"].get(name)
+    if expr is None:
+        return None
+    return eval(expr, {"torch": torch, "__import__": __import__})
 
 
 def synchronize(torch):
@@ -106,6 +128,8 @@ def synchronize(torch):
 
 
 def peak_device_memory(torch):
+    """The device allocator's peak on this process's core (tensors only: no compiled code,
+    scratchpad or collective buffers), after a synchronize (the allocator is asynchronous)."""
     module = SPEC["device"]["memory_module"]
     if module is None:
         return None
@@ -252,6 +276,14 @@ def run():
         **result,
         "load_s": load_s,
         "peak_device_memory_bytes": peak_device_memory(torch),
+        "fallback_ops": fallback_ops(torch),
+        # What this process was pinned to, and whether torch autoloaded device backends: evidence
+        # that CPU-side runs stayed off the device and each rank sat on its own core.
+        "environment": {
+            name: os.environ.get(name)
+            for name in (SPEC["device"]["core_env_var"] or "", "TORCH_DEVICE_BACKEND_AUTOLOAD")
+            if name
+        },
         # The commit the revision resolved to: what a cached reference must match.
         "commit": getattr(model.config, "_commit_hash", None),
         **facts,
@@ -311,19 +343,36 @@ def run_teacher_forced(torch, preprocessor, model):
     }
 
 
-def compiled_graphs(torch, counters):
+def compiled_graphs(torch, counters, before):
+    """(graphs compiled, compile-cache hits and misses) since ``before`` (cache_counts() then)."""
     graphs = int(counters["stats"]["unique_graphs"])
-    cache = {
-        "hits": int(counters["inductor"]["fxgraph_cache_hit"]),
-        "misses": int(counters["inductor"]["fxgraph_cache_miss"]),
-    }
     if SPEC["compile"] and graphs == 0:
         what = "the forward pass" if TASKS[SPEC["task"]][1] == "embedding" else "generate()"
         raise NothingCompiledError(
             f"{what} compiled no graph: compilation was skipped (transformers only logs "
             "'Compilation will be skipped'), so this run would have been eager"
         )
-    return graphs, cache
+    after = cache_counts(torch, counters)
+    return graphs, {key: after[key] - before[key] for key in after}
+
+
+def cache_counts(torch, counters):
+    """The persistent compile cache's hit and miss counters so far: the device's own (neuron: the
+    C++ CompilationCache's metrics, the on-disk NEFF cache torch.compile uses), else inductor's
+    FX-graph cache. Read in this process, so a sharded run reports rank 0's, once per run."""
+    stats = device_fact(torch, "cache_stats_expr")
+    if stats is not None:
+        return {"hits": int(stats["persistent_hits"]), "misses": int(stats["persistent_misses"])}
+    return {
+        "hits": int(counters["inductor"]["fxgraph_cache_hit"]),
+        "misses": int(counters["inductor"]["fxgraph_cache_miss"]),
+    }
+
+
+def fallback_ops(torch):
+    """Operations that ran on the host instead of the device, as the device reports them."""
+    ops = device_fact(torch, "fallback_ops_expr")
+    return None if ops is None else sorted({str(op) for op in ops})
 
 
 def graph_breaks(counters):
@@ -340,12 +389,13 @@ def run_generation(torch, preprocessor, model):
     n_prompt = int(inputs["input_ids"].shape[1])
 
     counters.clear()
+    before = cache_counts(torch, counters)
     enter("compile")
     start = time.perf_counter()
     first = model.generate(**inputs, **kwargs)
     synchronize(torch)
     first_s = time.perf_counter() - start
-    graphs, cache = compiled_graphs(torch, counters)
+    graphs, cache = compiled_graphs(torch, counters, before)
 
     enter("generate")
     start = time.perf_counter()
@@ -491,11 +541,12 @@ def run_embedding(torch, tokenizer, model, pooling):
         return pool(torch, hidden, batch["attention_mask"], pooling)
 
     counters.clear()
+    before = cache_counts(torch, counters)
     enter("compile")
     start = time.perf_counter()
     first = embed()
     first_s = time.perf_counter() - start
-    graphs, cache = compiled_graphs(torch, counters)
+    graphs, cache = compiled_graphs(torch, counters, before)
 
     enter("generate")
     start = time.perf_counter()
@@ -560,9 +611,23 @@ def rank_core(pinned, rank):
     return str(cores[rank])
 
 
+def end_with_parent():
+    """Have the kernel SIGKILL this process when its parent dies (Linux; elsewhere a no-op), so a
+    harness killed outright (SIGKILL included) leaves no run or rank holding device cores."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() == 1:  # the parent was already gone before the kernel was asked
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 def rank_entry(rank, world, port, out):
     """One torch.distributed rank (spawned, never forked: a forked child cannot re-initialise
     the Neuron runtime)."""
+    end_with_parent()
     os.environ.update(
         RANK=str(rank),
         LOCAL_RANK=str(rank),
@@ -616,8 +681,13 @@ def launch_ranks(out):
         merged["error"] = f"rank {merged['rank']}: {merged['error']}"
     elif results[0] is not None and all(r is not None for r in results) and failure is None:
         merged = dict(results[0])
-        memory = [r["peak_device_memory_bytes"] for r in results if r["peak_device_memory_bytes"] is not None]
-        merged["peak_device_memory_bytes"] = max(memory) if memory else None
+        # Each rank's allocator peak is its own core's: keep all of them, and the largest.
+        memory = [r["peak_device_memory_bytes"] for r in results]
+        merged["peak_device_memory_by_rank"] = memory
+        known = [m for m in memory if m is not None]
+        merged["peak_device_memory_bytes"] = max(known) if known else None
+        ops = [r.get("fallback_ops") for r in results]
+        merged["fallback_ops"] = None if all(o is None for o in ops) else sorted({x for o in ops for x in o or ()})
         merged["peak_host_rss_bytes"] = max(r["peak_host_rss_bytes"] for r in results)
     else:
         missing = [rank for rank, r in enumerate(results) if r is None]
@@ -640,6 +710,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="result.json", help="where to write the JSON result")
     args = parser.parse_args(argv)
+    if os.environ.get("NEURON_SUPPORT_HARNESS"):  # started by the harness: end with it
+        end_with_parent()
     for key, value in SPEC["device"]["env"].items():
         os.environ.setdefault(key, value)  # before torch is imported
     result = launch_ranks(args.out) if SPEC["world_size"] > 1 else run_and_write(args.out)

@@ -1,0 +1,175 @@
+"""faultkit.own_processes against real processes: it finds everything a test started, by the tag
+in their environment (grandchildren in sessions of their own, orphans, multiprocessing-spawned
+ranks), and nothing else (an untagged twin, zombies, the test itself), so the fault tests'
+"nothing is left running" checks can fail, and only for the test's own processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from faultkit import TAG_VAR, own_processes, survivors
+
+from pytest_neuron_support.execution import run_script
+
+TESTS = Path(__file__).resolve().parent
+
+# Starts a grandchild in a session of its own, as run_script starts run.py, and says its pid.
+GRANDCHILD = textwrap.dedent(
+    """
+    import subprocess, sys, time
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    print(child.pid, flush=True)
+    if sys.argv[1] == "stay":
+        time.sleep(60)
+    """
+)
+
+# Starts a rank as torch.multiprocessing.spawn does (spawn start method) and says its pid.
+SPAWN = textwrap.dedent(
+    """
+    import multiprocessing, time
+    if __name__ == "__main__":
+        rank = multiprocessing.get_context("spawn").Process(target=time.sleep, args=(60,))
+        rank.start()
+        print(rank.pid, flush=True)
+        rank.join()
+    """
+)
+
+
+@pytest.fixture
+def started() -> Iterator[list[subprocess.Popen[str]]]:
+    """The processes a test starts directly: killed and reaped after it, whatever happened."""
+    procs: list[subprocess.Popen[str]] = []
+    yield procs
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+
+
+def start(started: list[subprocess.Popen[str]], code: str, *args: str, **kwargs: object) -> subprocess.Popen[str]:
+    proc = subprocess.Popen([sys.executable, "-c", code, *args], stdout=subprocess.PIPE, text=True, **kwargs)
+    started.append(proc)
+    return proc
+
+
+def pids(procs: list) -> set[int]:
+    return {p.pid for p in procs}
+
+
+def parent(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return next(int(line.split()[1]) for line in status.splitlines() if line.startswith("PPid:"))
+
+
+def wait_for(tag: str, pid: int, under: Path | None = None) -> list:
+    """own_processes once ``pid`` shows up in it: a spawned process execs after start() returns."""
+    deadline = time.monotonic() + 30
+    while pid not in pids(found := own_processes(tag, under)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return found
+
+
+def test_a_tagged_child_and_its_grandchild_in_its_own_session_are_found_and_an_untagged_twin_is_not(
+    tmp_path: Path, process_tag: str, started: list
+) -> None:
+    run_dir = tmp_path / "out" / "runs" / "tiny-random--mistral"
+    run_dir.mkdir(parents=True)
+    child = start(started, GRANDCHILD, "stay", str(run_dir), cwd=run_dir)
+    grandchild = int(child.stdout.readline())
+    # Same command line and cwd, but another test's (or no test's) process: no tag.
+    untagged_env = {k: v for k, v in os.environ.items() if k != TAG_VAR}
+    twin = start(started, GRANDCHILD, "stay", str(run_dir), cwd=run_dir, env=untagged_env)
+    twin_grandchild = int(twin.stdout.readline())
+    try:
+        assert pids(wait_for(process_tag, grandchild)) == {child.pid, grandchild}
+        assert pids(own_processes(process_tag, under=run_dir)) == {child.pid, grandchild}
+        assert pids(own_processes(process_tag, under=tmp_path / "out" / "runs" / "tiny-random--llama")) == set()
+        assert pids(own_processes("another-tests-tag")) == set()
+    finally:
+        for pid in (grandchild, twin_grandchild):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_an_orphan_reparented_away_from_the_test_is_still_found(process_tag: str, started: list) -> None:
+    child = start(started, GRANDCHILD, "leave")
+    orphan = int(child.stdout.readline())
+    child.wait()
+    try:
+        # Its parent is gone: it is no longer in the test's process tree, but it keeps the tag.
+        assert parent(orphan) not in (child.pid, os.getpid())
+        assert pids(survivors(process_tag, grace_s=0)) == {orphan}
+    finally:
+        os.kill(orphan, signal.SIGKILL)
+
+
+def test_a_rank_started_by_multiprocessing_spawn_is_found_by_its_cwd(
+    tmp_path: Path, process_tag: str, started: list
+) -> None:
+    run_dir = tmp_path / "runs" / "tiny-random--mistral" / "cpu" / "device"
+    run_dir.mkdir(parents=True)
+    launcher = start(started, SPAWN, cwd=run_dir)
+    rank = int(launcher.stdout.readline())
+    found = {p.pid: p for p in wait_for(process_tag, rank, under=tmp_path / "runs" / "tiny-random--mistral")}
+    # Its command line names neither the model nor the run directory: only its cwd, inherited
+    # from the launcher, ties it to the run (and only its tag to the test).
+    assert "multiprocessing" in found[rank].cmdline and "mistral" not in found[rank].cmdline
+    assert found[rank].cwd == str(run_dir.resolve())
+    assert launcher.pid in found
+    launcher.kill()
+    launcher.wait()  # the rank, its resource tracker: orphans now, and still found
+    assert rank in pids(own_processes(process_tag, under=run_dir))
+    os.kill(rank, signal.SIGKILL)
+
+
+def test_zombies_this_process_and_its_ancestors_are_left_out(process_tag: str, started: list) -> None:
+    zombie = start(started, "pass")
+    deadline = time.monotonic() + 30
+    while "State:\tZ" not in Path(f"/proc/{zombie.pid}/status").read_text() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert zombie.pid not in pids(own_processes(process_tag))
+    zombie.wait()
+    # A tagged child runs a tagged grandchild that looks: it sees neither itself nor its parent.
+    look = "import faultkit, os; print([p.pid for p in faultkit.own_processes(os.environ[faultkit.TAG_VAR])])"
+    nested = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {look!r}], check=True)"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run(
+        [sys.executable, "-c", nested], env=env, capture_output=True, text=True, check=True, timeout=60
+    )
+    assert json.loads(out.stdout) == []
+
+
+def test_a_launcher_that_dies_leaving_a_spawned_rank_is_caught_unless_run_script_kills_its_group(
+    tmp_path: Path, process_tag: str
+) -> None:
+    """The real path: run.py (here, a stand-in) is killed outright with a rank still running;
+    run_script must stop the rank with the group, and the finder sees it if it does not."""
+    run_dir = tmp_path / "out" / "runs" / "tiny-random--mistral" / "cpu" / "device"
+    run_dir.mkdir(parents=True)
+    script = run_dir / "run.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import multiprocessing, os, signal, sys, time
+            if __name__ == "__main__":
+                rank = multiprocessing.get_context("spawn").Process(target=time.sleep, args=(60,))
+                rank.start()
+                print("[neuron-support] stage=load", file=sys.stderr, flush=True)
+                time.sleep(1)  # the rank execs and settles in
+                os.kill(os.getpid(), signal.SIGKILL)  # the launcher dies; nothing stops the rank but the group kill
+            """
+        )
+    )
+    outcome = run_script(script, run_dir / "result.json", env=os.environ, timeout=60, log_path=run_dir / "log.txt")
+    assert outcome.signal_name == "SIGKILL" and outcome.last_stage == "load"
+    assert survivors(process_tag, under=tmp_path / "out" / "runs" / "tiny-random--mistral") == []
