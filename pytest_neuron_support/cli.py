@@ -1,9 +1,10 @@
-"""The ``neuron-support`` command: build the tiny zoo, look rows up, rerun one, render the viewer."""
+"""The ``neuron-support`` command: build the tiny zoo, look rows up, rerun one, render the viewer, sync NEFF caches."""
 
 from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -179,7 +180,68 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _neff_target(args: argparse.Namespace, command: str) -> tuple[str, Path] | None:
+    """The compiler version and cache directory a ``neff`` command works on, or None (after saying
+    why) when no bucket folder can be named for them."""
+    from . import neffcache
+    from .devices import DEVICES, compiler_version
+
+    version = args.version if args.version is not None else compiler_version(DEVICES["neuron"])
+    try:
+        neffcache.bucket_prefix(version, args.bucket)
+    except neffcache.NeffCacheError as exc:
+        print(f"neuron-support neff {command}: {exc}", file=sys.stderr)
+        return None
+    return version, Path(args.cache)
+
+
+def _neff_pull(args: argparse.Namespace) -> int:
+    from . import neffcache
+
+    target = _neff_target(args, "pull")
+    if target is None:
+        return 2
+    version, cache = target
+    try:
+        report = neffcache.pull(version, cache, args.bucket)
+    except neffcache.NeffCacheError as exc:
+        print(f"neuron-support neff pull: {exc}", file=sys.stderr)
+        return 1
+    print(
+        f"pulled {report.copied} entries from {report.prefix} into {cache} "
+        f"(it held {report.before}, now {report.after})"
+    )
+    return 0
+
+
+def _neff_push(args: argparse.Namespace) -> int:
+    from . import neffcache
+
+    target = _neff_target(args, "push")
+    if target is None:
+        return 2
+    version, cache = target
+    # hf reads the token from the environment; say only whether it is there, never what it is.
+    if not args.dry_run and not os.environ.get("HF_TOKEN"):
+        print("neuron-support neff push: HF_TOKEN is not set: publishing needs a write token", file=sys.stderr)
+        return 2
+    try:
+        report = neffcache.push(version, cache, args.bucket, dry_run=args.dry_run)
+    except neffcache.NeffCacheError as exc:
+        print(f"neuron-support neff push: {exc}", file=sys.stderr)
+        return 1
+    if not report.ran:
+        print(f"would run (staging folder is temporary): {shlex.join(report.command)}")
+        print(f"{report.staged} finished entries staged from {cache} for {report.prefix}")
+        return 0
+    print(f"published {report.staged} finished entries from {cache} to {report.prefix}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from . import neffcache  # stdlib only, like devices: cheap enough for --help
+    from .devices import DEVICES
+
     parser = argparse.ArgumentParser(prog="neuron-support", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     zoo_parser = sub.add_parser("zoo", help="the tiny random-weight checkpoints used to test offline")
@@ -231,6 +293,33 @@ def build_parser() -> argparse.ArgumentParser:
         "--hub-timeout", type=float, default=120.0, help="seconds allowed for all Hub rankings (default 120)"
     )
     report.set_defaults(func=_report)
+    cache_env = DEVICES["neuron"].compile_cache_env
+    neff = sub.add_parser("neff", help="sync the public NEFF cache (compiled graphs) down or publish the local one")
+    neff_sub = neff.add_subparsers(dest="neff_command", required=True)
+    neff_help = {
+        "pull": "sync the bucket folder of this compiler into the local cache (exit 1 when it copied nothing)",
+        "push": "publish the local cache's finished entries to the bucket folder of this compiler (needs HF_TOKEN)",
+    }
+    for name, func in (("pull", _neff_pull), ("push", _neff_push)):
+        command = neff_sub.add_parser(name, help=neff_help[name])
+        command.add_argument(
+            "--cache",
+            default=os.environ.get(cache_env) or neffcache.DEFAULT_CACHE_DIR,
+            help=f"local NEFF cache (default ${cache_env}, else {neffcache.DEFAULT_CACHE_DIR})",
+        )
+        command.add_argument(
+            "--version", help="neuronx-cc version with its local label (default: neuronxcc.__version__ here)"
+        )
+        command.add_argument(
+            "--bucket",
+            default=neffcache.DEFAULT_BUCKET,
+            help="bucket holding one neuronxcc-<version> folder per compiler (default the public one)",
+        )
+        if name == "push":
+            command.add_argument(
+                "--dry-run", action="store_true", help="stage and count, print the hf command, do not run it"
+            )
+        command.set_defaults(func=func)
     return parser
 
 

@@ -35,7 +35,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from . import __version__
+from . import __version__, neffcache
 from .catalog import TASKS as CATALOG_TASKS
 from .catalog import Catalog
 from .dataset import read_dataset, stack_stem
@@ -47,7 +47,7 @@ from .records import COLUMN_DOCS, COLUMN_TYPES, RESULTS, STAGES, VERDICT_BASES, 
 #: AWS's pip index for neuronx-cc and torch-neuronx (the PyPI names are placeholders).
 NEURON_PIP_INDEX = "https://pip.repos.neuron.amazonaws.com"
 #: The public bucket of compiled graphs, one folder per compiler version.
-NEFF_CACHE_BUCKET = "hf://buckets/aws-neuron/torch-neuronx-neff-cache"
+NEFF_CACHE_BUCKET = neffcache.DEFAULT_BUCKET
 #: Where the sync command puts the cache, and where the run command points run.py at it.
 NEFF_CACHE_DIR = "/tmp/neff_cache"
 
@@ -124,9 +124,10 @@ SPACE_TITLE = "Model support on AWS Trainium"
 
 def neff_sync_command(neuronx_cc: str) -> str | None:
     """The command that fetches the public NEFF cache for compiler ``neuronx_cc``; None off Trainium."""
-    if not neuronx_cc or neuronx_cc == "none":
-        return None
-    return f"hf buckets sync {NEFF_CACHE_BUCKET}/neuronxcc-{neuronx_cc} {NEFF_CACHE_DIR}"
+    try:
+        return shlex.join(neffcache.pull_command(neuronx_cc, NEFF_CACHE_DIR))
+    except neffcache.NeffCacheError:
+        return None  # no compiler ("none"), or a recorded version no bucket folder can be named by
 
 
 def _public_version(version: str) -> str:

