@@ -540,7 +540,8 @@ def run_model(
         return failed
     row, judged = _judge(row, settings, workdir, environ, result)
     if forced is None:  # the host could not hold the model: the judge decides alone
-        return replace(row, verdict_basis="judge", **judged) if judged else replace(row, result="PASS")
+        row = replace(row, verdict_basis="judge")
+        return replace(row, **judged) if judged else replace(row, result="PASS")
     row = replace(row, verdict_basis="teacher-forced")
     if forced.passes(settings.parity):
         return replace(row, result="PASS")

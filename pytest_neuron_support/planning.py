@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -98,6 +99,9 @@ class ModelShape:
         has_tp_plan: transformers' config class (the text config for VLMs) has a non-empty
             ``base_model_tp_plan``, i.e. transformers can shard it with tensor parallelism.
         parameters: total parameter count, all dtypes, as stored in the safetensors files.
+        expert_parameters: the part of ``parameters`` in routed experts (tensors named
+            ``...experts.<...>``; shared experts are dense): what expert parallelism shards. Counted
+            from the safetensors tensor names, or estimated from the config when only a total is known.
         weights_source: where ``parameters`` came from: ``local files``, ``hub cache``, ``hub api``,
             or ``given`` when the caller supplied it.
     """
@@ -109,9 +113,16 @@ class ModelShape:
     has_tp_plan: bool
     parameters: int
     weights_source: str
+    expert_parameters: int = 0
 
     @classmethod
-    def from_config(cls, config: Mapping[str, Any], parameters: int, weights_source: str = "given") -> ModelShape:
+    def from_config(
+        cls,
+        config: Mapping[str, Any],
+        parameters: int,
+        weights_source: str = "given",
+        expert_parameters: int | None = None,
+    ) -> ModelShape:
         """Build a shape from a ``config.json`` mapping and a parameter count.
 
         The transformers config class is instantiated from the mapping so its attribute map
@@ -119,7 +130,8 @@ class ModelShape:
         ``num_key_value_heads`` means no GQA). For VLMs the heads and the TP plan live in the text
         config. A ``model_type`` transformers does not know, or a config it cannot build, falls back
         to the raw fields with ``has_tp_plan=False``: without transformers' plan there is nothing
-        that would shard the model.
+        that would shard the model. ``expert_parameters`` None estimates the experts' share from the
+        config (:func:`estimate_expert_parameters`).
         """
         model_type = config.get("model_type")
         if not isinstance(model_type, str) or not model_type:
@@ -139,6 +151,11 @@ class ModelShape:
             kv_heads = _first_positive([getattr(text, "num_key_value_heads", None)]) or heads
             experts = _first_positive(getattr(text, key, None) for key in _EXPERT_KEYS)
             has_tp_plan = bool(getattr(text, "base_model_tp_plan", None))
+        if expert_parameters is None:
+            # transformers' config object fills the defaults a config.json leaves out.
+            raw_text = config.get("text_config")
+            source = vars(text) if text is not None else raw_text if isinstance(raw_text, Mapping) else config
+            expert_parameters = estimate_expert_parameters(source, experts) if experts else 0
         return cls(
             model_type=model_type,
             num_attention_heads=heads,
@@ -147,7 +164,36 @@ class ModelShape:
             has_tp_plan=has_tp_plan,
             parameters=parameters,
             weights_source=weights_source,
+            expert_parameters=min(expert_parameters, parameters),
         )
+
+
+#: A tensor of a routed expert: ``...mlp.experts.3.down_proj.weight`` (qwen*_moe, deepseek),
+#: ``...block_sparse_moe.experts.0.w1.weight`` (mixtral), ``...mlp.experts.gate_up_proj`` (gpt_oss,
+#: fused). ``shared_experts`` (deepseek) run on every token and are not sharded by expert parallelism.
+_EXPERT_TENSOR = re.compile(r"(^|\.)experts\.")
+
+
+def is_expert_tensor(name: str) -> bool:
+    """Whether a weight belongs to a routed expert (what expert parallelism splits over ranks)."""
+    return _EXPERT_TENSOR.search(name) is not None
+
+
+def estimate_expert_parameters(config: Mapping[str, Any], experts: int) -> int:
+    """Routed-expert parameters from a config alone: MoE layers x experts x 3 projections (gate, up,
+    down) x hidden x the expert width (``moe_intermediate_size``, else ``intermediate_size``). MoE
+    layers are all layers but ``first_k_dense_replace`` leading dense ones (deepseek) and
+    ``mlp_only_layers`` (qwen*_moe), every ``decoder_sparse_step``-th. 0 when a field is missing."""
+    layers = _first_positive([config.get("num_hidden_layers")])
+    hidden = _first_positive([config.get("hidden_size")])
+    width = _first_positive([config.get("moe_intermediate_size"), config.get("intermediate_size")])
+    if not (layers and hidden and width and experts):
+        return 0
+    dense_layers = _first_positive([config.get("first_k_dense_replace")])
+    only_mlp = config.get("mlp_only_layers") or []
+    step = _first_positive([config.get("decoder_sparse_step")]) or 1
+    moe_layers = max(0, (layers - dense_layers - (len(only_mlp) if isinstance(only_mlp, list) else 0)) // step)
+    return moe_layers * experts * 3 * hidden * width
 
 
 @dataclass(frozen=True)
@@ -203,8 +249,22 @@ def plan_cores(
 
     weight_bytes = shape.parameters * DTYPE_BYTES[dtype]
     usable = core_bytes * (1 - headroom)
-    need = _memory_cores(weight_bytes, usable)
+    # Expert parallelism without a TP plan shards only the experts: attention, embeddings and the
+    # lm_head stay whole on every rank (transformers' ep_size with tp_plan={}), so a core holds
+    # dense + experts / n, not weights / n.
+    experts_only = not shape.has_tp_plan and shape.num_experts > 0
+    expert_bytes = shape.expert_parameters * DTYPE_BYTES[dtype] if experts_only else 0
+
+    def on_one_core(cores: int) -> float:
+        return (weight_bytes - expert_bytes) + expert_bytes / cores if experts_only else weight_bytes / cores
+
+    need = _memory_cores(on_one_core, usable)
     size = f"{_gib(weight_bytes)} GiB of {dtype} weights"
+    if experts_only:
+        size += (
+            f" ({_gib(expert_bytes)} GiB in experts, split over the ranks; {_gib(weight_bytes - expert_bytes)} GiB "
+            "dense, whole on every rank)"
+        )
     per_core = f"{_gib(usable)} usable GiB"
 
     def skipped(why: str) -> Plan:
@@ -216,7 +276,7 @@ def plan_cores(
             return skipped(f"catalog override cores={override} is not an allowed core count (one of {choices})")
         if override > max_cores:
             return skipped(f"catalog override cores={override} is more than --max-cores={max_cores}")
-        if weight_bytes / override > usable:
+        if on_one_core(override) > usable:
             return skipped(
                 f"catalog override cores={override} does not fit memory: {size} need {need} cores "
                 f"at {per_core} per core"
@@ -284,8 +344,7 @@ def inspect_model(model: ModelSpec, *, local_only: bool = False) -> ModelShape:
     if model.source == "local":
         directory = Path(model.id)
         config = _read_config_file(directory / "config.json", model)
-        parameters = _local_parameters(directory, model)
-        return _shape(model, config, parameters, "local files")
+        return _shape(model, config, _local_parameters(directory, model), "local files")
 
     config = _read_config_file(_hub_config_path(model, local_only), model)
     tried: list[str] = []
@@ -327,7 +386,12 @@ def read_safetensors_header(path: Path) -> dict[str, Any]:
 
 def count_safetensors_parameters(paths: Sequence[Path]) -> int:
     """Total elements of every tensor in the given safetensors files (all dtypes), from headers only."""
-    total = 0
+    return count_safetensors_split(paths)[0]
+
+
+def count_safetensors_split(paths: Sequence[Path]) -> tuple[int, int]:
+    """(all parameters, those in routed-expert tensors) of the given safetensors files, from headers."""
+    total = experts = 0
     for path in paths:
         for name, info in read_safetensors_header(path).items():
             if name == "__metadata__":
@@ -335,8 +399,10 @@ def count_safetensors_parameters(paths: Sequence[Path]) -> int:
             shape = info.get("shape") if isinstance(info, dict) else None
             if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
                 raise PlanningError(f"{path}: tensor {name!r} has no valid shape in the safetensors header")
-            total += math.prod(shape)
-    return total
+            count = math.prod(shape)
+            total += count
+            experts += count if is_expert_tensor(name) else 0
+    return total, experts
 
 
 def _transformers_text_config(model_type: str, config: Mapping[str, Any]) -> Any | None:
@@ -367,10 +433,11 @@ def _first_positive(values: Any) -> int:
     return 0
 
 
-def _memory_cores(weight_bytes: int, usable: float) -> int:
-    """Smallest power of two n with ``weight_bytes / n <= usable``, even beyond the core limit."""
+def _memory_cores(on_one_core: Callable[[int], float], usable: float) -> int:
+    """Smallest power of two n with ``on_one_core(n) <= usable``, even beyond the core limit; 1024
+    (more than any host has) when no n fits, as with dense weights larger than a core."""
     cores = 1
-    while weight_bytes / cores > usable:
+    while on_one_core(cores) > usable and cores < 1024:
         cores *= 2
     return cores
 
@@ -413,9 +480,10 @@ def _brief(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {lines[0] if lines else ''}".rstrip(": ")
 
 
-def _shape(model: ModelSpec, config: Mapping[str, Any], parameters: int, source: str) -> ModelShape:
+def _shape(model: ModelSpec, config: Mapping[str, Any], counts: tuple[int, int], source: str) -> ModelShape:
+    """The shape from a config and (all parameters, those in routed experts)."""
     try:
-        return ModelShape.from_config(config, parameters, source)
+        return ModelShape.from_config(config, counts[0], source, expert_parameters=counts[1])
     except PlanningError as exc:
         raise PlanningError(f"cannot inspect {_label(model)}: {exc}") from exc
 
@@ -432,7 +500,7 @@ def _read_config_file(path: Path, model: ModelSpec) -> dict[str, Any]:
     return config
 
 
-def _local_parameters(directory: Path, model: ModelSpec) -> int:
+def _local_parameters(directory: Path, model: ModelSpec) -> tuple[int, int]:
     index = directory / "model.safetensors.index.json"
     if index.is_file():
         # The index names the shards that make up the model; other *.safetensors files in the
@@ -453,7 +521,7 @@ def _local_parameters(directory: Path, model: ModelSpec) -> int:
             "(other weight formats are not inspected)"
         )
     try:
-        return count_safetensors_parameters(paths)
+        return count_safetensors_split(paths)
     except PlanningError as exc:
         raise PlanningError(f"cannot inspect {_label(model)}: {exc}") from exc
 
@@ -486,8 +554,9 @@ def _hub_config_path(model: ModelSpec, local_only: bool = False) -> Path:
     return Path(path)
 
 
-def _cached_parameters(model: ModelSpec, tried: list[str]) -> int | None:
-    """Parameters from safetensors files already in the Hugging Face cache, or None (noted in ``tried``)."""
+def _cached_parameters(model: ModelSpec, tried: list[str]) -> tuple[int, int] | None:
+    """(parameters, expert parameters) from safetensors files already in the Hugging Face cache, or
+    None (noted in ``tried``)."""
     from huggingface_hub import try_to_load_from_cache
 
     def cached(filename: str) -> Path | None:
@@ -506,10 +575,10 @@ def _cached_parameters(model: ModelSpec, tried: list[str]) -> int | None:
                     tried.append(f"hub cache: shard {shard} named in model.safetensors.index.json is not cached")
                     return None
                 paths.append(path)
-            return count_safetensors_parameters(paths)
+            return count_safetensors_split(paths)
         single = cached("model.safetensors")
         if single is not None:
-            return count_safetensors_parameters([single])
+            return count_safetensors_split([single])
     # A corrupt cache entry or an unusable cache directory must not stop planning while the Hub
     # API can still answer; what went wrong is kept for the final error message.
     except Exception as exc:
@@ -519,12 +588,18 @@ def _cached_parameters(model: ModelSpec, tried: list[str]) -> int | None:
     return None
 
 
-def _api_parameters(model: ModelSpec, tried: list[str]) -> int:
+def _api_parameters(model: ModelSpec, tried: list[str]) -> tuple[int, int]:
     from huggingface_hub import get_safetensors_metadata
 
     try:
         metadata = get_safetensors_metadata(model.id, revision=model.revision)
-        return int(sum(metadata.parameter_count.values()))
+        experts = sum(
+            int(tensor.parameter_count)
+            for file in metadata.files_metadata.values()
+            for name, tensor in file.tensors.items()
+            if is_expert_tensor(name)
+        )
+        return int(sum(metadata.parameter_count.values())), experts
     # Offline mode, not a safetensors repo, gated, not found, network: all leave no count.
     except Exception as exc:
         tried.append(f"hub api get_safetensors_metadata: {_brief(exc)}")

@@ -164,13 +164,49 @@ def test_unknown_model_type_falls_back_to_raw_fields_without_tp_plan() -> None:
         ModelShape.from_config({"n_head": 12}, 10)
 
 
-def jetmoe_shape(parameters: int) -> ModelShape:
+def jetmoe_shape(parameters: int, dense: int = 0) -> ModelShape:
     """An MoE without a TP plan, built honestly: jetmoe is a real MoE model_type whose transformers 5.24
     config class has no base_model_tp_plan; with transformers' defaults it has 8 experts (num_local_experts).
-    The parameter counts passed in are synthetic, chosen to need a given number of cores."""
-    shape = ModelShape.from_config({"model_type": "jetmoe"}, parameters)
+    The parameter counts passed in are synthetic, chosen to need a given number of cores: ``dense`` of
+    them outside the experts (what every rank holds whole), the rest in the experts."""
+    shape = ModelShape.from_config({"model_type": "jetmoe"}, parameters, expert_parameters=parameters - dense)
     assert (shape.has_tp_plan, shape.num_experts) == (False, 8)
     return shape
+
+
+def test_expert_parallelism_keeps_the_dense_part_whole_on_every_core() -> None:
+    # 15 GiB params: 12 in experts, 3 dense (x 2 B). Per core: 6 + 24 / n GiB. n=2: 18.0 <= 18 fits;
+    # the old weights / n rule would have said the same here, but not below.
+    two = plan(jetmoe_shape(15 * GIB, dense=3 * GIB))
+    assert (two.cores, two.ep_size) == (2, 2) and "6.0 GiB dense, whole on every rank" in two.reason
+    # 15 GiB params, 7 dense: 14 + 16 / n GiB. weights / n would say 2 cores (15 GiB each); really
+    # 14 + 8 = 22 > 18 at 2, 14 + 4 = 18 at 4.
+    four = plan(jetmoe_shape(15 * GIB, dense=7 * GIB))
+    assert (four.cores, four.ep_size) == (4, 4), four.reason
+    # Dense weights larger than one core: no number of expert ranks helps.
+    whole = plan(jetmoe_shape(15 * GIB, dense=10 * GIB))
+    assert whole.skip is not None and "20.0 GiB dense" in whole.skip, whole.skip
+    # A catalog override that leaves each core over its memory is refused with the same arithmetic.
+    refused = plan(jetmoe_shape(15 * GIB, dense=7 * GIB), override=2)
+    assert refused.skip is not None and "does not fit memory" in refused.skip
+
+
+def test_expert_parameters_are_counted_by_tensor_name_and_estimated_from_a_config() -> None:
+    from pytest_neuron_support.planning import estimate_expert_parameters, is_expert_tensor
+
+    assert is_expert_tensor("model.layers.3.mlp.experts.7.down_proj.weight")  # qwen3_moe, deepseek
+    assert is_expert_tensor("model.layers.0.block_sparse_moe.experts.0.w1.weight")  # mixtral
+    assert is_expert_tensor("model.layers.0.mlp.experts.gate_up_proj")  # gpt_oss, fused
+    assert not is_expert_tensor("model.layers.3.mlp.shared_experts.down_proj.weight")  # dense
+    assert not is_expert_tensor("model.layers.0.block_sparse_moe.gate.weight")  # the router
+    # Qwen3-30B-A3B: 48 layers x 128 experts x 3 x 2048 x 768 = 28.99 B of its ~30.5 B parameters.
+    config = fixture("Qwen_Qwen3-30B-A3B")["config"]
+    assert estimate_expert_parameters(config, 128) == 48 * 128 * 3 * 2048 * 768
+    assert real_shape("Qwen_Qwen3-30B-A3B").expert_parameters == 48 * 128 * 3 * 2048 * 768
+    # DeepSeek-V3: the first 3 layers are dense.
+    deepseek = fixture("deepseek-ai_DeepSeek-V3")["config"]
+    assert estimate_expert_parameters(deepseek, 256) == (61 - 3) * 256 * 3 * 7168 * 2048
+    assert estimate_expert_parameters({"num_hidden_layers": 2}, 8) == 0  # not enough to say
 
 
 def test_moe_without_tp_plan_uses_expert_parallelism() -> None:
@@ -464,6 +500,7 @@ def test_inspect_from_hub_cache(hub_results: dict[str, Any]) -> None:
             "has_tp_plan": True,
             "parameters": count,
             "weights_source": "hub cache",
+            "expert_parameters": 0,
         }, key
 
 
@@ -488,6 +525,8 @@ def test_inspect_falls_back_to_the_hub_api(tmp_path: Path) -> None:
     data = fixture("deepseek-ai_DeepSeek-V3")
     dtypes = {"BF16": "BF16", "F8_E4M3": "F8_E4M3", "F32": "F32"}
     tensors = {f"w_{name.lower()}": (dtypes[name], [count]) for name, count in data["parameters"].items()}
+    # One F8 tensor of them named as a routed expert's: the planner counts experts by tensor name.
+    tensors["model.layers.3.mlp.experts.0.down_proj.weight"] = tensors.pop("w_f8_e4m3")
     record = ModelRecord(
         id="deepseek-ai/DeepSeek-V3", files={"config.json": json.dumps(data["config"]).encode()}, tensors=tensors
     )
@@ -505,6 +544,7 @@ def test_inspect_falls_back_to_the_hub_api(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     shape = json.loads(done.stdout.strip().splitlines()[-1])
     assert (shape["parameters"], shape["weights_source"]) == (684_531_386_000, "hub api")
+    assert shape["expert_parameters"] == data["parameters"]["F8_E4M3"]  # from the Hub's tensor names
     assert (shape["model_type"], shape["num_experts"], shape["has_tp_plan"]) == ("deepseek_v3", 256, True)
     assert any(path.endswith("/config.json") for path in asked)
     assert any("model.safetensors" in path for path in asked)  # counted from headers, weights never fetched
@@ -519,3 +559,21 @@ def test_module_import_stays_cheap() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO).stdout
     assert out.strip() == "[]"
+
+
+def test_local_safetensors_headers_split_expert_tensors_by_name(tmp_path: Path) -> None:
+    import torch
+    from safetensors.torch import save_file
+
+    from pytest_neuron_support.planning import count_safetensors_split
+
+    save_file(
+        {
+            "model.embed_tokens.weight": torch.zeros(10, 4),
+            "model.layers.0.mlp.experts.0.up_proj.weight": torch.zeros(6, 4),
+            "model.layers.0.mlp.experts.1.up_proj.weight": torch.zeros(6, 4),
+            "model.layers.0.mlp.shared_experts.up_proj.weight": torch.zeros(3, 4),
+        },
+        str(tmp_path / "model.safetensors"),
+    )
+    assert count_safetensors_split([tmp_path / "model.safetensors"]) == (40 + 24 + 24 + 12, 48)
