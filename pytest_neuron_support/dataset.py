@@ -305,11 +305,18 @@ def render_card(results_dir: Path) -> str:
         "| verdict_basis | evidence | PASS rows here |",
         "|---|---|---|",
     ]
+    rows = read_dataset(results_dir)
     passes: dict[str, int] = {}
-    for row in read_dataset(results_dir):
+    for row in rows:
         if row.result == "PASS":
             passes[str(row.verdict_basis)] = passes.get(str(row.verdict_basis), 0) + 1
     lines += [f"| `{name}` | {text} | {passes.get(name, 0)} |" for name, text in VERDICT_BASES.items()]
+    hosted = [row.model_id for row in rows if row.result == "PASS" and row.fallback_ops]
+    lines += [
+        "",
+        f"PASS rows that ran operations on the host instead of the device (`fallback_ops`): {len(hosted)}"
+        + (f" ({', '.join(sorted(hosted))})." if hosted else "."),
+    ]
     lines += ["", "## Failure stages", "", "| failure_stage | meaning |", "|---|---|"]
     lines += [f"| `{name}` | {text} |" for name, text in STAGES.items()]
     lines += ["", "## Columns", "", "| column | type | meaning |", "|---|---|---|"]

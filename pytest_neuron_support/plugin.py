@@ -769,14 +769,22 @@ class ResultsWriter:
         tr = terminalreporter
         tr.section("neuron-support results")
         width = max(len(r.model_id) for r in self.rows)
-        tr.write_line(f"{'model':<{width}}  {'result':<8} {'stage':<9} {'cores':>5} {'run_s':>8} {'compile_s':>9}")
+        tr.write_line(
+            f"{'model':<{width}}  {'result':<8} {'stage':<9} {'cores':>5} {'run_s':>8} {'compile_s':>9}  evidence"
+        )
         for row in sorted(self.rows, key=lambda r: r.model_id):
             run_s = f"{row.run_s:.1f}" if row.run_s is not None else "-"
             compile_s = f"{row.compile_s:.1f}" if row.compile_s is not None else "-"
             cores = row.neuron_cores if row.neuron_cores is not None else "-"
+            # A PASS that ran operations on the host says so on its own line of the table.
+            host = (
+                f"; {len(row.fallback_ops)} op(s) ran on the host: {', '.join(row.fallback_ops)}"
+                if row.fallback_ops
+                else ""
+            )
             tr.write_line(
                 f"{row.model_id:<{width}}  {row.result:<8} {row.failure_stage or '-':<9} "
-                f"{cores:>5} {run_s:>8} {compile_s:>9}"
+                f"{cores:>5} {run_s:>8} {compile_s:>9}  {row.verdict_basis or '-'}{host}"
             )
         counts: dict[str, int] = {}
         for row in self.rows:

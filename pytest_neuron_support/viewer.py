@@ -84,6 +84,7 @@ DETAIL_COLUMNS: tuple[str, ...] = (
     "judge_verdict",
     "judge_score",
     "repeat_identical",
+    "fallback_ops",
     "graphs_compiled",
     "graph_breaks",
     "excess_graphs",
@@ -628,6 +629,12 @@ function badge(entry) {
   if (!entry.row && result === "EXCLUDED") title = "Excluded in the catalog: " + entry.catalog.exclude_reason + (entry.catalog.exclude_note ? " (" + entry.catalog.exclude_note + ")" : "");
   return el("span", { class: cls, title, text: result });
 }
+function hostOpsFlag(entry) {
+  // A PASS that ran operations on the host did not run wholly on the device: say so where it is read.
+  const ops = entry.row ? entry.row.fallback_ops : null;
+  if (!ops || !ops.length) return "";
+  return el("span", { class: "flag host-ops", title: "ran on the host, not the device: " + ops.join(", ") + " (fallback_ops)", text: " " + ops.length + " op(s) on host" });
+}
 function graphsFlag(entry) {
   // On neuron every graph is a neuronx-cc compile: more than static shapes need is worth a look.
   const extra = entry.row ? entry.row.excess_graphs : null;
@@ -674,7 +681,7 @@ function cellFor(name, entry) {
     return el("td", {}, el("button", { class: "model", "data-model": entry.id, title: "details, run.py and how to rerun", onclick: () => openDetail(entry) , text: entry.id }));
   }
   if (name === "task") return el("td", { text: entry.task });
-  if (name === "result") return el("td", {}, badge(entry), graphsFlag(entry));
+  if (name === "result") return el("td", {}, badge(entry), hostOpsFlag(entry), graphsFlag(entry));
   if (name === "verdict_basis") { const b = entry.row ? entry.row.verdict_basis : null; return el("td", { title: (b && DATA.verdict_bases[b]) || "", text: b || "" }); }
   if (name === "failure_stage") return stageCell(entry);
   if (name === "error") { const text = errorText(entry); return el("td", { class: "error", title: text, text }); }

@@ -64,3 +64,27 @@ def test_row_json_round_trip() -> None:
     assert Row.from_json(original.to_json()) == original
     assert json.loads(original.to_json())["tags"] == ["x"]
     assert dataclasses.asdict(original)["tokens"] == (1, 2)
+
+
+def test_the_card_says_what_each_pass_rests_on_and_which_ran_ops_on_the_host(tmp_path: Path) -> None:
+    from pytest_neuron_support.dataset import render_card
+
+    write_rows(
+        tmp_path,
+        [
+            row("org/one", verdict_basis="parity+teacher-forced"),
+            row("org/sharded", verdict_basis="teacher-forced", judge_verdict="fluent"),
+            row("org/huge", verdict_basis="judge", cpu_check="skipped: needs ~140.0 GiB"),
+            row("org/hosted", verdict_basis="parity+teacher-forced", fallback_ops=("aten::_embedding_bag",)),
+            row("org/bad", "FAIL", failure_stage="parity", verdict_basis="teacher-forced"),
+        ],
+    )
+    card = render_card(tmp_path)
+    assert "| `parity+teacher-forced` |" in card and card.split("| `parity+teacher-forced` |")[1].split("\n")[
+        0
+    ].endswith("| 2 |")
+    assert card.split("| `teacher-forced` |")[1].split("\n")[0].endswith("| 1 |")  # the FAIL is not counted
+    assert card.split("| `judge` |")[1].split("\n")[0].endswith("| 1 |")
+    assert "ran operations on the host instead of the device (`fallback_ops`): 1 (org/hosted)." in card
+    df = pd.read_parquet(tmp_path / "data").set_index("model_id")
+    assert list(df.loc["org/hosted", "fallback_ops"]) == ["aten::_embedding_bag"]
