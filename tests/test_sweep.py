@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -78,6 +79,12 @@ def test_tiny_zoo_sweep_passes_every_architecture_with_four_workers_over_four_co
     assert (generation.max_logprob_deficit == 0).all() and generation.first_disagreement.isna().all()
     assert (rows.repeat_identical == True).all()  # noqa: E712  (the warm run was checked, and agreed)
     assert rows.excess_graphs.notna().all() and rows.graph_breaks.notna().all()
+    # CPU-side runs load no device backend; the device run does not get that switch.
+    runs = pytester.path / "out" / "runs" / "tiny-random--qwen3" / "cpu"
+    reference = json.loads((runs / "reference" / "result.json").read_text())
+    assert reference["environment"] == {"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
+    device = json.loads((runs / "device" / "result.json").read_text())
+    assert device["environment"] == {"TORCH_DEVICE_BACKEND_AUTOLOAD": None}
     assert (df.compile_s > 0).all() and (df.load_s > 0).all() and (df.run_s > df.first_generate_s).all()
     # Every task of the catalog: text, a vision-language model, and a real sentence-embedding model.
     assert set(df.task) == {"text-generation", "image-text-to-text", "sentence-similarity"}
