@@ -11,15 +11,14 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
 import time
-import uuid
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from .records import Stack
 from .runscript import RunSpec
+from .storage import write_atomic
 
 #: What a CPU run's result holds; bumped when that changes, so older cache entries are misses.
 RESULT_FORMAT = 2
@@ -76,10 +75,7 @@ class ReferenceCache:
             return False
 
     def put(self, key: str, result: Mapping[str, Any]) -> None:
-        self.directory.mkdir(parents=True, exist_ok=True)
-        tmp = self.directory / f".{key}.{uuid.uuid4().hex}.tmp"
-        tmp.write_text(json.dumps(result), encoding="utf-8")
-        os.replace(tmp, self.directory / f"{key}.json")
+        write_atomic(self.directory / f"{key}.json", json.dumps(result))
 
 
 def clean_compile_cache(directory: Path, now: float | None = None) -> list[Path]:

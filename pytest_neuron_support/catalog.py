@@ -112,7 +112,6 @@ class ModelSpec:
         exclude: set when the entry is curated out; the item is reported skipped.
         tags: free-form labels (architecture family, dense/moe), matched by ``-k``.
         source: ``catalog``, ``cli`` (``--model ID``) or ``local`` (``--model ./dir``).
-        file: the catalog file the entry came from ("" for the command line).
         line: 1-based line of the entry in that file (0 for the command line).
         min_cosine: embedding tasks only: the cosine similarity every sentence's device
             embedding must reach against the CPU's; None means ``checks.DEFAULT_MIN_COSINE``.
@@ -129,7 +128,6 @@ class ModelSpec:
     exclude: Exclusion | None = None
     tags: tuple[str, ...] = ()
     source: str = "catalog"
-    file: str = ""
     line: int = 0
     min_cosine: float | None = None
 
@@ -345,7 +343,6 @@ def _parse_entry(node: yaml.Node, shown: str) -> ModelSpec:
         exclude=exclusion,
         tags=tags,
         source="catalog",
-        file=shown,
         line=line,
         min_cosine=min_cosine,
     )

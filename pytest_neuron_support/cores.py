@@ -41,6 +41,8 @@ from pathlib import Path
 
 from filelock import FileLock
 
+from .storage import write_atomic
+
 LEDGER = "leases.json"
 #: Overrides where the host-wide ledger lives (tests give each session-sharing experiment its own).
 LEDGER_ENV = "NEURON_SUPPORT_CORE_LEDGER"
@@ -192,13 +194,11 @@ class CorePool:
         return [x for x in leases if _alive(x.pid)], [w for w in waiters if _alive(w.pid)]
 
     def _write(self, leases: list[Lease], waiters: list[Waiter]) -> None:
-        tmp = self._path.with_suffix(f".{uuid.uuid4().hex}.tmp")
         data = {
             "leases": [dataclasses.asdict(x) for x in leases],
             "waiting": [dataclasses.asdict(w) for w in waiters],
         }
-        tmp.write_text(json.dumps(data))
-        os.replace(tmp, self._path)
+        write_atomic(self._path, json.dumps(data))
 
     def largest_block(self) -> int:
         """The most cores one lease can take from this slice (contiguous in host numbering)."""

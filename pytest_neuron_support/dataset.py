@@ -27,6 +27,7 @@ from pathlib import Path
 from filelock import FileLock
 
 from .records import COLUMN_DOCS, COLUMN_TYPES, RESULTS, STAGES, VERDICT_BASES, Row, arrow_schema
+from .storage import write_atomic
 
 DATA_DIR = "data"
 PARTS_DIR = ".parts"
@@ -63,15 +64,7 @@ def _write_table(path: Path, rows: Sequence[Row]) -> None:
     import pyarrow.parquet as pq
 
     table = pa.Table.from_pylist([dataclasses.asdict(r) for r in rows], schema=arrow_schema())
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    try:
-        pq.write_table(table, tmp)
-        with open(tmp, "rb") as handle:
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
+    write_atomic(path, lambda tmp: pq.write_table(table, tmp))
 
 
 def write_rows(results_dir: Path, rows: Iterable[Row]) -> list[Path]:
@@ -118,23 +111,10 @@ class PartWriter:
 
     def add(self, row: Row) -> Path:
         self._count += 1
-        path = self.directory / f"{self._count:06d}.json"
-        tmp = path.with_suffix(".tmp")
-        with open(tmp, "w", encoding="utf-8") as handle:
-            handle.write(row.to_json())
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-        return path
+        return write_atomic(self.directory / f"{self._count:06d}.json", row.to_json())
 
     def rows(self) -> list[Row]:
         return _read_part_dir(self.directory)
-
-    def commit(self, results_dir: Path) -> list[Path]:
-        """Merge this session's rows into Parquet, then drop the parts."""
-        written = write_rows(results_dir, self.rows())
-        shutil.rmtree(self.directory, ignore_errors=True)
-        return written
 
 
 def _read_part_dir(directory: Path) -> list[Row]:
@@ -147,15 +127,13 @@ def _read_part_dir(directory: Path) -> list[Row]:
     return rows
 
 
-def recover_parts(results_dir: Path, *, keep: Path | None = None) -> int:
+def recover_parts(results_dir: Path) -> int:
     """Merge rows left by killed sessions into Parquet; return how many were recovered."""
     parts = results_dir / PARTS_DIR
     if not parts.is_dir():
         return 0
     recovered = 0
     for directory in sorted(p for p in parts.iterdir() if p.is_dir()):
-        if keep is not None and directory.resolve() == keep.resolve():
-            continue
         rows = _read_part_dir(directory)
         write_rows(results_dir, rows)
         recovered += len(rows)
@@ -325,8 +303,4 @@ def render_card(results_dir: Path) -> str:
 
 
 def write_card(results_dir: Path) -> Path:
-    path = results_dir / "README.md"
-    tmp = path.with_name(f".README.md.{uuid.uuid4().hex}.tmp")
-    tmp.write_text(render_card(results_dir), encoding="utf-8")
-    os.replace(tmp, path)
-    return path
+    return write_atomic(results_dir / "README.md", render_card(results_dir))

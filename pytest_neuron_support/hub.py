@@ -33,12 +33,10 @@ cheap.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
 import re
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -47,6 +45,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 from urllib.parse import urlsplit, urlunsplit
+
+from .storage import write_atomic
 
 # Subsets of huggingface_hub's ModelSort_T and ExpandModelProperty_T, spelled out here so that
 # type-checking the calls does not need the client imported at module level.
@@ -330,18 +330,7 @@ def save_snapshot(path: Path, rankings: Sequence[HubRanking]) -> None:
         "rankings": [ranking.to_dict() for ranking in rankings],
     }
     text = json.dumps(document, indent=1, ensure_ascii=False) + "\n"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # The temporary file sits next to the target so os.replace stays a same-filesystem rename.
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
+    write_atomic(path, text)
 
 
 def load_snapshot(path: Path) -> list[HubRanking]:

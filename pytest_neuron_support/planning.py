@@ -38,9 +38,6 @@ GIB = 1 << 30
 CORE_CHOICES: tuple[int, ...] = (1, 2, 4, 8, 16)
 DEFAULT_MAX_CORES = 16
 
-# HBM of one trn2 logical NeuronCore at the default LNC=2 (two physical cores fused, 2 x 12 GiB).
-TRN2_CORE_BYTES = 24 * GIB
-
 # Weights are not the only tenant of a core's HBM. generate() allocates a static KV cache, the
 # compiled graphs need activations and the Neuron runtime's scratchpad, the NEFF instructions
 # themselves live in device memory, and sharded runs add collective-communication buffers. None of

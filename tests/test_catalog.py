@@ -74,7 +74,6 @@ models:
         trust_remote_code=True,
         extra_packages=("foo==1.0",),
         tags=("llama", "dense"),
-        file="cat.yaml",
         line=3,
     )
     assert b.exclude is not None and b.exclude.reason == "too-large" and b.line == 12

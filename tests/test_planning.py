@@ -20,12 +20,12 @@ from typing import Any
 import pytest
 
 from pytest_neuron_support.catalog import ModelSpec
+from pytest_neuron_support.devices import TRN2_LOGICAL_CORE_BYTES as TRN2_CORE_BYTES
 from pytest_neuron_support.planning import (
     CORE_CHOICES,
     DEFAULT_HEADROOM,
     DTYPE_BYTES,
     GIB,
-    TRN2_CORE_BYTES,
     ModelShape,
     Plan,
     PlanningError,
