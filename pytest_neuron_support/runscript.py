@@ -103,6 +103,7 @@ class JudgeSpec:
 
 
 def template(name: str = "run.py") -> str:
+    """A file of the package's ``templates/`` folder (run.py, judge.py, the viewer's page)."""
     return resources.files("pytest_neuron_support").joinpath(f"templates/{name}").read_text(encoding="utf-8")
 
 
