@@ -320,6 +320,11 @@ def build_parser() -> argparse.ArgumentParser:
                 "--dry-run", action="store_true", help="stage and count, print the hf command, do not run it"
             )
         command.set_defaults(func=func)
+    from . import doctor
+
+    check = sub.add_parser("doctor", help="check on this host every assumption the harness makes about its device")
+    doctor.add_arguments(check)
+    check.set_defaults(func=doctor.main)
     return parser
 
 

@@ -73,6 +73,11 @@ class DeviceKind:
             its cache keys and published NEFF caches spell it (``neuronxcc.__version__`` keeps the
             local label, ``+56dc5a86``, that the distribution's metadata may lack), or None where the
             device has no compiler of its own; evaluated only in :func:`compiler_version`'s subprocess.
+        runtime_module: the Python package that registers the device with torch (``torch_neuronx``:
+            torch autoloads it through the ``torch.backends`` entry point, and the table's expressions
+            import it), or None where torch itself drives the device (cuda, cpu). ``neuron-support
+            doctor`` checks that it imports, is autoloaded by ``import torch``, and stays out of a
+            process started with :data:`NO_DEVICE_ENV`.
     """
 
     name: str
@@ -94,6 +99,7 @@ class DeviceKind:
     owners_command: tuple[str, ...] | None = None
     max_pool: int | None = None
     compiler_version_expr: str | None = None
+    runtime_module: str | None = None
 
     def pin_cores(self, first: int, count: int) -> dict[str, str]:
         """Environment that restricts a process to cores ``first .. first+count-1``."""
@@ -150,6 +156,7 @@ DEVICES: Mapping[str, DeviceKind] = MappingProxyType(
             # trn2: 96 GiB of HBM for 8 physical cores per chip.
             physical_core_bytes=12 << 30,
             owners_command=("neuron-ls", "-j"),
+            runtime_module="torch_neuronx",
         ),
         "cuda": DeviceKind(
             name="cuda",

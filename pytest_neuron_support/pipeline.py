@@ -80,6 +80,8 @@ class Settings:
         host_memory_limit: address-space cap (bytes) of every run.py process, None for none.
         cpu_check_memory: host memory (bytes) the teacher-forced CPU check of a sharded run may
             take, None for what the host has available when it starts (--cpu-check-memory-gib).
+        self_check: the host's doctor self-check for this device (``results_dir/doctor.json``), as
+            every row records it; None when none was run.
     """
 
     device: DeviceKind
@@ -105,6 +107,7 @@ class Settings:
     cpu_check_memory: int | None = None
     pool_slice: tuple[int, ...] = ()
     session: str = ""
+    self_check: str | None = None
 
 
 def core_pool(settings: Settings) -> CorePool:
@@ -222,6 +225,7 @@ def base_row(model: ModelSpec, settings: Settings) -> Row:
         python=stack.python,
         timestamp=_now(),
         plugin_version=__version__,
+        self_check=settings.self_check,
     )
 
 
@@ -846,3 +850,16 @@ def _with_cache_counts(row: Row, result: Mapping[str, Any]) -> Row:
 
 def _round(value: float | None) -> float | None:
     return None if value is None else round(float(value), 3)
+
+
+def read_self_check(results_dir: Path, device: str) -> str | None:
+    """What ``neuron-support doctor --json <results>/doctor.json`` found for ``device``, as a row keeps
+    it; None when there is no such file, it is unreadable, or it checked another device."""
+    try:
+        data = json.loads((results_dir / "doctor.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or data.get("device") != device:
+        return None
+    verdict = "passed" if data.get("passed") else "FAILED"
+    return f"{verdict}: {data.get('summary')} at {data.get('timestamp')}"

@@ -45,6 +45,7 @@ from .pipeline import (
     plan_model,
     planned_row,
     prior_seconds,
+    read_self_check,
     run_model,
     settings_hash,
     slug,
@@ -379,6 +380,7 @@ class Resolved:
         core_bytes: memory of one core the planner fills.
         neuronx_cc: the device compiler's version (its own ``__version__``), ``none`` off Trainium.
         session: this session's id in the host-wide core ledger.
+        self_check: the host's doctor self-check of this device found in the results folder, or None.
     """
 
     device: str
@@ -387,6 +389,7 @@ class Resolved:
     core_bytes: int
     neuronx_cc: str
     session: str
+    self_check: str | None = None
 
     def to_workerinput(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "cores": list(self.cores)}
@@ -443,6 +446,7 @@ def _resolve_device(options: Options) -> Resolved:
         core_bytes=core_bytes,
         neuronx_cc=compiler_version(kind),
         session=uuid.uuid4().hex[:12],
+        self_check=read_self_check(options.results_dir, options.device),
     )
 
 
@@ -453,6 +457,7 @@ def _settings(options: Options, resolved: Resolved) -> Settings:
         pool_cores=resolved.pool,
         pool_slice=resolved.cores,
         session=resolved.session,
+        self_check=resolved.self_check,
         max_new_tokens=options.max_new_tokens,
         prompt=options.prompt,
         model_timeout=options.model_timeout,

@@ -314,7 +314,16 @@ class Row:
             "graph); > 0 is flagged in the viewer"
         ),
     )
-    neuronx_cc: str = field(default="none", metadata=_doc("neuronx-cc version, none off Trainium"))
+    self_check: str | None = field(
+        default=None,
+        metadata=_doc(
+            "the host's `neuron-support doctor` self-check for this device that the session found in the results "
+            "folder (doctor.json): 'passed: <summary> at <time>' or 'FAILED: ...'; null when none was run"
+        ),
+    )
+    neuronx_cc: str = field(
+        default="none", metadata=_doc("neuronx-cc version (its own __version__), none off Trainium")
+    )
     torch_neuronx: str = field(default="none", metadata=_doc("torch-neuronx version, none off Trainium"))
     torch: str = field(default="", metadata=_doc("PyTorch version"))
     library: str = field(default="transformers", metadata=_doc("library checked"))

@@ -1,0 +1,303 @@
+"""``neuron-support doctor`` as users run it: real subprocesses on this (CPU-only) machine, no mocks.
+
+The cpu row passes, with every check the table rules out reported N/A and why; the failure paths that
+can be shown honestly without Trainium fail where they should: a device that is not there (cuda), a
+compile cache that cannot be written, an unreadable slice, a missing or unreadable owners listing, a
+missing compiler, and cores that turn out not to be exclusive.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import stat
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+import yaml
+
+from pytest_neuron_support.devices import DEVICES
+from pytest_neuron_support.doctor import CHECKS, FAIL, NA, NOT_RUN, OK, run_doctor
+
+REPO = Path(__file__).resolve().parent.parent
+KEYS = [c.key for c in CHECKS]
+#: What the cpu row of the device table rules out, and the field that says so.
+CPU_NOT_APPLICABLE = {
+    "owners": "owners_command is None",
+    "memory": "memory_module is None",
+    "exclusive": "not exclusive by the table",
+    "compiler": "compiler_version_expr is None",
+    "fallback-ops": "fallback_ops_expr is None",
+}
+#: Checks that need a device: with none there they must say NOT RUN, never OK.
+DEVICE_CHECKS = ["slice", "bf16", "two-processes", "compile", "compile-cache", "process-group", "generation"]
+
+
+@pytest.fixture(autouse=True)
+def _work_dirs_in_tmp_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The doctor keeps its work directory when a check fails (for reading the logs): put those of these
+    tests, in this process and in the doctor subprocesses, under pytest's tmp_path instead of /tmp."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+
+
+def doctor(*args: str, env: Mapping[str, str] | None = None, timeout: float = 1800) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pytest_neuron_support.doctor", *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def rows(path: Path) -> dict[str, dict[str, Any]]:
+    report = json.loads(path.read_text())
+    return {c["key"]: c for c in report["checks"]}
+
+
+def test_cpu_passes_every_check_that_applies_and_says_why_the_rest_do_not(tmp_path: Path) -> None:
+    out = tmp_path / "out.json"
+    proc = doctor("--device", "cpu", "--json", str(out), "--timeout", "900")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    table = proc.stdout.split("\n\n", 1)[1]  # after the progress lines
+    for check in CHECKS:
+        assert check.name.split()[0] in table, check.name
+    lines = proc.stdout.strip().splitlines()
+    assert lines[-1] == "doctor: 9 OK, 0 FAIL, 5 N/A on cpu", lines[-1]
+
+    report = json.loads(out.read_text())
+    assert report["passed"] is True and report["device"] == "cpu"
+    assert report["versions"]["torch"].startswith("2.") and report["timestamp"]
+    assert [c["key"] for c in report["checks"]] == KEYS
+    assert [c["number"] for c in report["checks"]] == list(range(1, len(KEYS) + 1))
+    found = {c["key"]: c for c in report["checks"]}
+    for key, why in CPU_NOT_APPLICABLE.items():
+        assert found[key]["status"] == NA, found[key]
+        assert found[key]["found"].startswith("does not apply: ") and why in found[key]["found"], found[key]
+    assert all(found[k]["status"] == OK for k in KEYS if k not in CPU_NOT_APPLICABLE), found
+    # The rows say what they saw, not just OK.
+    assert "sum [3.0]" in found["process-group"]["found"] and "gloo" in found["process-group"]["found"]
+    assert "4 token(s)" in found["generation"]["found"] and "repeat identical" in found["generation"]["found"]
+    assert "TORCHINDUCTOR_CACHE_DIR=" in found["compile-cache"]["found"]
+    assert "both held at once" in found["two-processes"]["found"]
+    # Everything passed: the work directory went with it.
+    assert not Path(report["work_dir"]).exists()
+
+
+def test_cuda_without_a_gpu_fails_at_the_device_and_runs_nothing_that_needs_one(tmp_path: Path) -> None:
+    out = tmp_path / "out.json"
+    proc = doctor("--device", "cuda", "--json", str(out), "--timeout", "300")
+    found = rows(out)
+    if found["device"]["status"] == OK:
+        pytest.skip("this machine has a GPU")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert found["imports"]["status"] == OK
+    device = found["device"]
+    assert device["status"] == FAIL
+    assert device["found"].startswith("no cuda device visible to torch") and "torch.cuda" in device["found"]
+    for key in DEVICE_CHECKS:
+        assert found[key]["status"] == NOT_RUN, found[key]
+        assert found[key]["found"] == "not run: needs check 2 (device available, core count), which is FAIL"
+    # What the cuda row rules out is still N/A by the table, not NOT RUN: cuda shares a GPU.
+    assert found["exclusive"]["status"] == NA and "CUDA_VISIBLE_DEVICES" in found["exclusive"]["found"]
+    assert json.loads(out.read_text())["passed"] is False
+    assert proc.stdout.strip().splitlines()[-1] == "doctor: 1 OK, 1 FAIL, 4 N/A, 8 NOT RUN on cuda"
+    assert "scripts and logs of the checks: " in proc.stdout
+
+
+@contextlib.contextmanager
+def read_only_directory(path: Path) -> Iterator[Path]:
+    """A directory nobody can write to: mode 0555, and immutable where this runs as root (root ignores
+    the mode)."""
+    path.mkdir()
+    path.chmod(stat.S_IRUSR | stat.S_IXUSR | stat.S_IRGRP | stat.S_IXGRP | stat.S_IROTH | stat.S_IXOTH)
+    immutable = False
+    if os.access(path, os.W_OK):
+        immutable = subprocess.run(["chattr", "+i", str(path)], capture_output=True, check=False).returncode == 0
+        if not immutable:
+            pytest.skip("cannot make a directory read-only for this user (root without chattr)")
+    try:
+        yield path
+    finally:
+        if immutable:
+            subprocess.run(["chattr", "-i", str(path)], check=False)
+        path.chmod(0o755)
+
+
+def test_an_unwritable_compile_cache_fails_that_check(tmp_path: Path) -> None:
+    out = tmp_path / "out.json"
+    with read_only_directory(tmp_path / "cache") as cache:
+        kind = DEVICES["cpu"]
+        proc = doctor(
+            "--device", "cpu", "--only", "compile-cache", "--json", str(out), env={kind.compile_cache_env: str(cache)}
+        )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    found = rows(out)
+    assert list(found) == ["imports", "device", "slice", "compile-cache"]  # the check and what it needs
+    assert [found[k]["status"] for k in ("imports", "device", "slice")] == [OK, OK, OK]
+    cache_row = found["compile-cache"]
+    assert cache_row["status"] == FAIL
+    assert f"TORCHINDUCTOR_CACHE_DIR={cache}: not writable: PermissionError" in cache_row["found"], cache_row
+
+
+def test_an_unreadable_slice_fails_and_stops_the_device_checks(tmp_path: Path) -> None:
+    out = tmp_path / "out.json"
+    proc = doctor("--device", "cpu", "--only", "bf16", "--json", str(out), env={"NEURON_SUPPORT_VISIBLE_CORES": "5-2"})
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    found = rows(out)
+    assert found["slice"]["status"] == FAIL and "runs backwards" in found["slice"]["found"]
+    assert found["bf16"]["status"] == NOT_RUN and "check 3" in found["bf16"]["found"]
+
+
+def fake_owners_command(tmp_path: Path, listing: object, exit_status: int = 0) -> tuple[str, ...]:
+    """A stand-in for ``neuron-ls -j``: a real executable that prints ``listing`` as JSON."""
+    script = tmp_path / "fake-neuron-ls"
+    text = listing if isinstance(listing, str) else json.dumps(listing)
+    script.write_text(f"#!{sys.executable}\nimport sys\nprint({text!r})\nsys.exit({exit_status})\n")
+    script.chmod(0o755)
+    return (str(script), "-j")
+
+
+#: The layout torchneuron.md documents for ``neuron-ls -j`` (and cores.parse_neuron_ls reads).
+LISTING = [
+    {
+        "neuron_device": 0,
+        "nc_count": 2,
+        "memory_size": 103079215104,
+        "neuroncore_ids": [0, 1],
+        "neuron_processes": [{"pid": 4242, "command": "python other.py"}],
+    },
+    {"neuron_device": 1, "nc_count": 2, "memory_size": 103079215104, "neuroncore_ids": [2, 3]},
+]
+
+
+def owners_row(tmp_path: Path, command: Sequence[str]) -> dict[str, Any]:
+    kind = dataclasses.replace(DEVICES["cpu"], owners_command=tuple(command))
+    report = run_doctor(kind, only={"owners"}, timeout=60)
+    assert [c.key for c in report.checks] == ["owners"]  # it needs nothing else
+    return dataclasses.asdict(report.checks[0])
+
+
+def test_owners_listing_in_the_documented_layout_is_read(tmp_path: Path) -> None:
+    row = owners_row(tmp_path, fake_owners_command(tmp_path, LISTING))
+    assert row["status"] == OK, row
+    assert "2 device(s), 4 core(s) listed" in row["found"] and "held: 0: pid 4242, 1: pid 4242" in row["found"]
+
+
+@pytest.mark.parametrize(
+    ("listing", "exit_status", "says"),
+    [
+        ({"devices": []}, 0, "without 'neuron_devices'"),
+        ([{"neuron_device": 0}], 0, "names no cores"),
+        ([{"nc_count": 2, "neuron_processes": [{"process": "x"}]}], 0, "integer 'pid'"),
+        ("Neuron devices: 2 (table)", 0, "printed no JSON"),
+        ("", 2, "exited 2"),
+    ],
+)
+def test_an_unreadable_owners_listing_fails(tmp_path: Path, listing: object, exit_status: int, says: str) -> None:
+    row = owners_row(tmp_path, fake_owners_command(tmp_path, listing, exit_status))
+    assert row["status"] == FAIL and says in row["found"], row
+
+
+def test_a_missing_owners_command_fails(tmp_path: Path) -> None:
+    row = owners_row(tmp_path, ("neuron-ls-not-installed-here", "-j"))
+    assert row["status"] == FAIL and "not found on PATH" in row["found"], row
+
+
+def test_compiler_version_keeps_its_label_and_maps_to_the_bucket_prefix() -> None:
+    kind = dataclasses.replace(DEVICES["cpu"], compiler_version_expr="'2.15.128.0+56dc5a86'")
+    (row,) = run_doctor(kind, only={"compiler"}, timeout=60).checks
+    assert row.status == OK, row
+    assert row.found == (
+        "2.15.128.0+56dc5a86; bucket prefix hf://buckets/aws-neuron/torch-neuronx-neff-cache/neuronxcc-2.15.128.0+56dc5a86"
+    )
+
+
+def test_a_missing_compiler_fails_with_its_error() -> None:
+    (row,) = run_doctor(DEVICES["neuron"], only={"compiler"}, timeout=60).checks
+    assert row.status == FAIL and "ModuleNotFoundError" in row.found and "neuronxcc" in row.found, row
+
+
+def test_cores_that_are_not_exclusive_fail_the_exclusivity_check_on_a_free_core(tmp_path: Path) -> None:
+    # A kind that claims exclusive cores (a pinning variable and an owners listing) on what is really the
+    # cpu: the second process on the first one's core succeeds, which the check must call a failure. The
+    # cores the listing says another process holds (0 and 1) are avoided: the check pins core 2.
+    kind = dataclasses.replace(
+        DEVICES["cpu"],
+        core_env_var="NEURON_SUPPORT_TEST_CORES",
+        core_env_contiguous=True,
+        owners_command=fake_owners_command(tmp_path, LISTING),
+    )
+    report = run_doctor(kind, only={"owners", "exclusive"}, timeout=300)
+    found = {c.key: c for c in report.checks}
+    assert found["owners"].status == OK
+    row = found["exclusive"]
+    assert row.status == FAIL, row
+    assert "NEURON_SUPPORT_TEST_CORES=2" in row.found and "cores are not exclusive" in row.found, row
+    assert not report.passed and Path(report.work_dir).is_dir()  # kept for reading the logs
+    assert (Path(report.work_dir) / "01-imports.py").is_file()
+
+
+def test_unknown_check_names_are_refused() -> None:
+    proc = doctor("--device", "cpu", "--only", "nonsense")
+    assert proc.returncode == 2 and "invalid choice: 'nonsense'" in proc.stderr
+
+
+def test_the_workflow_runs_the_doctor_before_the_sweep() -> None:
+    flow = yaml.safe_load((REPO / ".github" / "workflows" / "model-support.yml").read_text())
+    steps = [step.get("run", "") for step in flow["jobs"]["sweep"]["steps"]]
+    doctor_step = next(i for i, run in enumerate(steps) if "neuron-support doctor" in run)
+    sweep_step = next(i for i, run in enumerate(steps) if "pytest --device=neuron" in run)
+    pull_step = next(i for i, run in enumerate(steps) if "neuron-support neff pull" in run)
+    assert doctor_step < pull_step < sweep_step
+    assert "--device neuron" in steps[doctor_step] and "--json results/doctor.json" in steps[doctor_step]
+
+
+def test_the_cli_runs_the_doctor() -> None:
+    proc = subprocess.run(
+        [str(Path(sys.executable).with_name("neuron-support")), "doctor", "--help"], capture_output=True, text=True
+    )
+    assert proc.returncode == 0 and "--device" in proc.stdout and "--json" in proc.stdout
+
+
+def test_the_doctor_process_imports_neither_torch_nor_transformers() -> None:
+    # Everything that touches the device runs in the checks' subprocesses; the modules the doctor uses
+    # (lazily, too) must not drag torch in (on neuron, torch autoloads torch-neuronx).
+    code = (
+        "import sys\n"
+        "import pytest_neuron_support.doctor, pytest_neuron_support.execution\n"
+        "import pytest_neuron_support.runscript, pytest_neuron_support.viewer\n"
+        "print(sorted(m for m in ('torch', 'transformers', 'torch_neuronx') if m in sys.modules))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert proc.stdout.strip() == "[]"
+
+
+@pytest.mark.slow
+def test_rows_record_the_self_check_the_session_found_with_its_results(
+    pytester: pytest.Pytester, offline_hub: Path
+) -> None:
+    from faultkit import catalog
+
+    out = pytester.path / "out"
+    proc = doctor("--device", "cpu", "--only", "bf16", "--json", str(out / "doctor.json"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    pytester.makefile(".yaml", models=catalog("tiny-random/qwen3"))
+    pytester.runpytest_subprocess("--device=cpu", f"--results-dir={out}").assert_outcomes(passed=1)
+    row = pd.read_parquet(out / "data").iloc[0]
+    assert row.self_check.startswith("passed: doctor: ") and " on cpu at 20" in row.self_check, row.self_check
+    # A report of another device says nothing about this one.
+    report = json.loads((out / "doctor.json").read_text())
+    (out / "doctor.json").write_text(json.dumps({**report, "device": "neuron"}))
+    pytester.runpytest_subprocess("--device=cpu", f"--results-dir={out}").assert_outcomes(passed=1)
+    assert pd.isna(pd.read_parquet(out / "data").iloc[0].self_check)
