@@ -1030,8 +1030,7 @@ class _Doctor:
         return f"{self.kind.dist_backend}: " + "; ".join(texts), passed and len(ranks) == 2
 
     def check_generation(self) -> tuple[str, bool]:
-        from .execution import run_script
-        from .runscript import RunSpec, render
+        from .runscript import RunSpec, render_and_run
 
         cores = self.free_cores(1)
         if cores is None:
@@ -1052,18 +1051,9 @@ class _Doctor:
             compile=True,
             compile_backend=self.kind.compile_backend,
         )
-        run_dir = self.work_dir / "generation"
-        run_dir.mkdir(exist_ok=True)
-        script = run_dir / "run.py"
-        script.write_text(render(spec), encoding="utf-8")
         env = {**self.device_env(cores), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-        outcome = run_script(
-            script,
-            run_dir / "result.json",
-            env=env,
-            timeout=self.timeout,
-            log_path=run_dir / "log.txt",
-            python=self.python,
+        _, outcome = render_and_run(
+            spec, self.work_dir / "generation", env=env, timeout=self.timeout, python=self.python
         )
         result = outcome.result
         where = f"{dtype}, {self.cores_text(cores)}"

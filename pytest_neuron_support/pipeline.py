@@ -44,7 +44,7 @@ from .devices import DEVICES, NO_DEVICE_ENV, DeviceKind
 from .execution import ProcessOutcome, run_script
 from .planning import DEFAULT_HEADROOM, DEFAULT_MAX_CORES, DTYPE_BYTES, Plan, PlanningError, inspect_model, plan_cores
 from .records import Row, Stack
-from .runscript import TEST_CARD_SIZE, JudgeSpec, RunSpec, render, render_judge
+from .runscript import TEST_CARD_SIZE, JudgeSpec, RunSpec, render_and_run, render_judge
 
 #: Environment variables whose values must never reach run.py, rows or logs.
 SECRET_VARS: tuple[str, ...] = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HUGGINGFACE_TOKEN", "HF_API_TOKEN")
@@ -348,20 +348,14 @@ def _execute(
     settings: Settings,
     cancel: threading.Event | None = None,
 ) -> tuple[str, ProcessOutcome]:
-    directory.mkdir(parents=True, exist_ok=True)
-    source = render(spec)
-    script = directory / "run.py"
-    script.write_text(source, encoding="utf-8")
-    outcome = run_script(
-        script,
-        directory / "result.json",
+    return render_and_run(
+        spec,
+        directory,
         env=env,
         timeout=settings.model_timeout,
-        log_path=directory / "log.txt",
         memory_limit=settings.host_memory_limit,
         cancel=cancel,
     )
-    return source, outcome
 
 
 class _ReferenceRun:

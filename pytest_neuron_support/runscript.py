@@ -9,13 +9,20 @@ from __future__ import annotations
 
 import dataclasses
 import pprint
+import sys
+import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from . import __version__
 from .checks import JUDGE_QUESTION, JUDGE_THRESHOLD, NO_WORDS, YES_WORDS
 from .devices import DeviceKind
+
+if TYPE_CHECKING:
+    from .execution import ProcessOutcome
 
 _SPEC_MARKER = "SPEC = {}  # @@SPEC@@"
 #: (width, height) of the test card run.py draws for image-text-to-text runs (run.py's fixed_image).
@@ -127,3 +134,34 @@ def render(spec: RunSpec) -> str:
 def render_judge(spec: JudgeSpec) -> str:
     """The judge.py source for ``spec``."""
     return _fill(template("judge.py").replace("@@VERSION@@", __version__), dataclasses.asdict(spec))
+
+
+def render_and_run(
+    spec: RunSpec,
+    directory: Path,
+    *,
+    env: Mapping[str, str],
+    timeout: float,
+    python: str | None = None,
+    memory_limit: int | None = None,
+    cancel: threading.Event | None = None,
+) -> tuple[str, ProcessOutcome]:
+    """Write ``spec``'s run.py into ``directory`` and run it isolated there (result.json, log.txt
+    beside it); returns the source that ran and how its process ended."""
+    from .execution import run_script
+
+    directory.mkdir(parents=True, exist_ok=True)
+    source = render(spec)
+    script = directory / "run.py"
+    script.write_text(source, encoding="utf-8")
+    outcome = run_script(
+        script,
+        directory / "result.json",
+        env=env,
+        timeout=timeout,
+        log_path=directory / "log.txt",
+        python=python or sys.executable,
+        memory_limit=memory_limit,
+        cancel=cancel,
+    )
+    return source, outcome
