@@ -122,7 +122,10 @@ def test_workflow_is_well_formed() -> None:
     assert '--extra-index-url "$NEURON_INDEX_URL"' in steps[1]["run"]
     assert steps[1]["env"]["NEURON_INDEX_URL"] == "${{ vars.NEURON_INDEX_URL }}"
     # The doctor runs first, once the stack is installed, and its report travels with the part.
-    assert "neuron-support doctor --device neuron 2>&1 | tee results/doctor.txt" in steps[2]["run"]
+    assert (
+        "neuron-support doctor --device neuron --json results/doctor.json 2>&1 | tee results/doctor.txt"
+        in steps[2]["run"]
+    )
     assert flow["defaults"]["run"]["shell"] == "bash"  # -o pipefail: a failed check fails the step
     down = _step_index(steps, "neuron-support neff pull")
     shard = _step_index(steps, "pytest --device=neuron")
@@ -132,7 +135,9 @@ def test_workflow_is_well_formed() -> None:
     assert "|| true" not in steps[down]["run"] and "GITHUB_STEP_SUMMARY" in steps[down]["run"]
     assert steps[up]["if"] == "${{ env.HAS_HF_TOKEN == 'true' }}"
     assert steps[upload]["if"] == "${{ !cancelled() }}"
-    assert "results/doctor.txt" in steps[upload]["with"]["path"]
+    assert (
+        "results/doctor.txt" in steps[upload]["with"]["path"] and "results/doctor.json" in steps[upload]["with"]["path"]
+    )
     run = steps[shard]["run"]
     assert '--shard="$SHARD/$SHARD_COUNT"' in run and "--neff-cache" in run and '-k "$FILTER"' in run
     assert steps[shard]["env"]["SHARD_COUNT"] == "${{ strategy.job-total }}"
