@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import pandas as pd
@@ -16,6 +18,7 @@ from pytest_neuron_support import zoo
 REPO = Path(__file__).resolve().parent.parent
 
 
+@functools.cache  # built (or checked) once per process: every later sweep reuses the answer
 def zoo_cache() -> Path:
     base = Path(os.environ.get("NEURON_SUPPORT_ZOO_HOME", Path.home() / ".cache" / "neuron-support"))
     cache = base / f"zoo-{zoo.zoo_fingerprint()}" / "hub"
@@ -32,27 +35,44 @@ def catalog(path: Path, entries: list[tuple[str, int]]) -> Path:
     return path
 
 
-def sweep(workdir: Path, models_file: Path, results: Path, *args: str) -> tuple[float, pd.DataFrame]:
-    """Run one pytest session on CPU; return its wall seconds and the rows it wrote."""
-    env = {**os.environ, "HF_HUB_CACHE": str(zoo_cache()), "HF_HUB_OFFLINE": "1"}
+def sweep(
+    workdir: Path,
+    models_file: Path,
+    results: Path,
+    *args: str,
+    env: Mapping[str, str] | None = None,
+    log: Path | None = None,
+) -> tuple[float, pd.DataFrame]:
+    """Run one pytest session on CPU; return its wall seconds and the rows it wrote.
+
+    ``env`` adds variables to the session's environment (a conftest in ``workdir`` may read them);
+    ``log`` keeps pytest's output there instead of discarding it.
+    """
+    env = {**os.environ, "HF_HUB_CACHE": str(zoo_cache()), "HF_HUB_OFFLINE": "1", **(env or {})}
     start = time.monotonic()
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-p",
-            "no:cacheprovider",
-            "-q",
-            "--device=cpu",
-            f"--models-file={models_file}",
-            f"--results-dir={results}",
-            *args,
-        ],
-        cwd=workdir,
-        env=env,
-        check=False,
-        stdout=subprocess.DEVNULL,
-    )
+    out = subprocess.DEVNULL if log is None else log.open("w", encoding="utf-8")
+    try:
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                "-p",
+                "no:cacheprovider",
+                "-q",
+                "--device=cpu",
+                f"--models-file={models_file}",
+                f"--results-dir={results}",
+                *args,
+            ],
+            cwd=workdir,
+            env=env,
+            check=False,
+            stdout=out,
+            stderr=None if log is None else subprocess.STDOUT,
+        )
+    finally:
+        if log is not None:
+            out.close()
     wall = time.monotonic() - start
     return wall, pd.read_parquet(results / "data")
