@@ -14,7 +14,10 @@ CATALOG = "models:\n  - {id: org/alpha-qwen, task: text-generation}\n"
     [
         (["--neuron-cores=zero"], "--neuron-cores='zero' is not an integer; pass a whole number"),
         (["--neuron-cores=0"], "--neuron-cores=0 is out of range; pass a number of at least 1"),
-        (["--neuron-cores=100000"], "--neuron-cores=100000 is more than the * core(s) the cpu device reports"),
+        (
+            ["--neuron-cores=100000"],
+            "--neuron-cores=100000 is more than the 64 core(s) this session may use on the cpu device; pass at most 64",
+        ),
         (["--max-new-tokens=-3"], "--max-new-tokens=-3 is out of range"),
         (["--max-new-tokens=lots"], "--max-new-tokens='lots' is not an integer"),
         (["--model-timeout=0"], "--model-timeout='0' must be a positive number of seconds"),
