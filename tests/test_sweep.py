@@ -89,7 +89,9 @@ def test_tiny_zoo_sweep_passes_every_architecture_with_four_workers_over_four_co
     # Every task of the catalog: text, a vision-language model, and a real sentence-embedding model.
     assert set(df.task) == {"text-generation", "image-text-to-text", "sentence-similarity"}
     generated = df[df.task != "sentence-similarity"]
-    assert (generated.tokens.map(len) == 32).all() and (generated.matched_prefix == 32).all()
+    assert (generated.tokens.map(len) == 32).all()
+    # Only one-core runs have a free-running reference to match a prefix against.
+    assert (generated[generated.neuron_cores == 1].matched_prefix == 32).all()
     assert df.set_index("model_id").loc["tiny-random/llava", "task"] == "image-text-to-text"
     embedded = df[df.task == "sentence-similarity"]
     assert list(embedded.model_id) == [zoo.MINILM_REPO]
