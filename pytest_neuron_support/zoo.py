@@ -22,12 +22,15 @@ importing this module stays cheap.
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import importlib
+import itertools
 import json
 import math
 import os
 import random
+import re
 import shutil
 import tempfile
 import time
@@ -64,7 +67,7 @@ __all__ = [
 ZOO_ORG = "tiny-random"
 
 #: Bump when the build procedure changes in a way the data below does not capture.
-ZOO_VERSION = 4
+ZOO_VERSION = 5
 
 _PROMPT_PREAMBLE = "Repeat after me:"
 _PROMPT_SENTENCE = "the quick brown fox jumps over a lazy dog."
@@ -636,20 +639,44 @@ MIN_BUILD_GAP = 2.0
 
 #: The zoo's fluency judge for sharded runs (models-tiny.yaml names it): the tiny llama trained to
 #: answer the judge question (checks.JUDGE_QUESTION) "yes" for English-like text of the zoo's corpus,
-#: repeated and cut mid-sentence as a 32-token generation is, and "no" for token soup (random ids,
-#: what a broken sharded matmul produces). It is a real classifier, but only of this corpus and
-#: this kind of garbage (it cannot tell scrambled word order): real sweeps use a real instruct model.
+#: repeated and cut mid-sentence at either end as a 32-token generation is, and "no" for the ways a
+#: broken run's text goes wrong: token soup (random ids, what a broken sharded matmul produces), the
+#: corpus's words shuffled, fluent text that degenerates into word salad, and random vocabulary words.
+#: It is a real classifier, but only of this corpus' grammar: real sweeps use a real instruct model.
 JUDGE_REPO = f"{ZOO_ORG}/judge"
 _JUDGE_SPEC: dict[str, Any] = {
     "base_arch": "llama",
     "seed": 4242,
-    "steps": 250,
-    "batch_size": 32,
+    "steps": 800,
+    # The first steps train only the per-token grammar labels (see _build_judge).
+    "grammar_steps": 200,
+    "batch_size": 16,
     "lr": 3e-3,
-    "text_tokens": [6, 40],
-    "eval_examples": 256,
+    "warmup_steps": 50,
+    "min_lr_ratio": 0.1,
+    "grad_clip": 1.0,
+    "text_tokens": [6, 64],
+    # Share of each kind of text in training. Degenerating text is the hardest (a long fluent prefix, a
+    # few breaks at the end), so it gets the largest share of the negatives.
+    "kinds": {"fluent": 0.45, "token_soup": 0.06, "shuffled": 0.12, "degenerate": 0.27, "random_words": 0.1},
+    # A degenerating text keeps this share of its words of fluent text before the word salad starts.
+    "degenerate_prefix": [0.2, 0.75],
+    # Held-out texts of each kind; every kind must reach min_accuracy on its own.
+    "eval_examples_per_kind": 200,
     "min_accuracy": 0.95,
 }
+
+#: Every vocabulary word once, in a fixed order (the random-word negatives draw from it).
+_VOCABULARY: tuple[str, ...] = tuple(dict.fromkeys(w for words in _WORDS.values() for w in words))
+#: A vocabulary word's grammatical category (the _WORDS key), by its lower-cased spelling.
+_WORD_CATEGORY: Mapping[str, str] = MappingProxyType(
+    {w.lower(): category for category, words in _WORDS.items() for w in words}
+)
+#: Categories a vocabulary word also has in English beyond the one the corpus uses it in: "that one",
+#: "asks one." are English, so a judge must not be taught that they are word salad.
+_ALSO_CATEGORY: Mapping[str, tuple[str, ...]] = MappingProxyType({"one": ("noun",)})
+#: The grammar's symbols in a text: words, numbers, and every other non-blank character (punctuation).
+_JUDGE_SYMBOL = re.compile(r"[A-Za-z]+|\d+|[^\sA-Za-z\d]")
 
 
 def _judge_question() -> str:
@@ -684,6 +711,7 @@ def zoo_fingerprint() -> str:
         "train": _TRAIN_SPEC,
         "min_build_gap": MIN_BUILD_GAP,
         "judge": _JUDGE_SPEC,
+        "judge_also_categories": {k: list(v) for k, v in _ALSO_CATEGORY.items()},
         "judge_question": _judge_question(),
     }
     blob = json.dumps(spec, sort_keys=True, separators=(",", ":"), default=repr).encode()
@@ -1394,39 +1422,164 @@ def install_minilm(cache_dir: Path) -> Path | None:
     return install_snapshot(cache_dir, MINILM_REPO, files)
 
 
-def _judge_text(rng: random.Random, data: _TrainData, tokenizer: _HFTokenizer, fluent: bool) -> str:
-    """One judged text: a repeated sentence (or corpus run) cut at a random length, or garbage."""
-    lo, hi = _JUDGE_SPEC["text_tokens"]
-    n = rng.randint(lo, hi)
+def _judge_symbols(text: str) -> list[tuple[int, tuple[str, ...]]]:
+    """``text`` as grammar symbols, each with where it starts and what it can be: a word's category in
+    :data:`_WORDS` (then any it also has in English, :data:`_ALSO_CATEGORY`), ``num`` for a number, a
+    punctuation mark as itself, nothing for a word the corpus grammar does not know."""
+    out: list[tuple[int, tuple[str, ...]]] = []
+    for match in _JUDGE_SYMBOL.finditer(text):
+        symbol = match.group()
+        if symbol.isdigit():
+            out.append((match.start(), ("num",)))
+        elif symbol.isalpha():
+            word = symbol.lower()
+            category = _WORD_CATEGORY.get(word)
+            out.append((match.start(), () if category is None else (category, *_ALSO_CATEGORY.get(word, ()))))
+        else:
+            out.append((match.start(), (symbol,)))
+    return out
+
+
+@functools.lru_cache(maxsize=1)
+def _corpus_bigrams() -> frozenset[tuple[str, str]]:
+    """Every pair of adjacent grammar symbols the corpus contains (across sentence ends too, as
+    repeated text has them): what grammatical text of the zoo's corpus is made of."""
+    symbols = [categories[0] if categories else None for _, categories in _judge_symbols(" ".join(_corpus_lines()))]
+    return frozenset((a, b) for a, b in itertools.pairwise(symbols) if a is not None and b is not None)
+
+
+def _grammar_breaks(text: str) -> list[int]:
+    """Where ``text`` breaks the corpus grammar: the start of each symbol that follows a known symbol the
+    grammar never puts it after ("fox the", "jumps evening", "clever."); empty for grammatical text."""
+    symbols = _judge_symbols(text)
+    allowed = _corpus_bigrams()
+    return [
+        start
+        for (_, before), (start, after) in itertools.pairwise(symbols)
+        if before and after and not any((a, b) in allowed for a in before for b in after)
+    ]
+
+
+def _fluent_ids(rng: random.Random, data: _TrainData, n: int) -> list[int]:
+    """``n`` tokens of grammatical text, as a correct continuation reads: a training sentence repeated
+    from a random token on (a judged text can start mid-sentence as well as end there), or a run of the
+    corpus text; both cut wherever the ``n`` tokens end."""
     if rng.random() < 0.5:
         sentence = list(rng.choice(data.sentences))
-        ids = (sentence * (n // max(1, len(sentence)) + 2))[:n]
-    else:
-        start = rng.randrange(0, len(data.text_ids) - n)
-        ids = list(data.text_ids[start : start + n])
-    if not fluent:
-        # Token soup: what a broken sharded matmul or a mis-gathered embedding produces.
-        first_regular = len(_SPECIAL_TOKENS)
-        ids = [rng.randrange(first_regular, len(tokenizer)) for _ in range(n)]
-    return str(tokenizer.decode(ids))
+        start = rng.randrange(len(sentence))
+        return (sentence * (n // len(sentence) + 3))[start : start + n]
+    start = rng.randrange(0, len(data.text_ids) - n)
+    return list(data.text_ids[start : start + n])
+
+
+def _salad_words(rng: random.Random, data: _TrainData, tokenizer: _HFTokenizer, count: int) -> list[str]:
+    """About ``count`` words of word salad, as a model that lost the thread writes it: sentence
+    fragments ("the clever." "that gentle fox."), runs of random vocabulary words, and runs of corpus
+    text in shuffled order, spliced together."""
+    w = _WORDS
+    out: list[str] = []
+    while len(out) < count:
+        piece = rng.random()
+        if piece < 0.3:
+            words = [rng.choice(w["det"])] + [rng.choice(w["adj"]) for _ in range(rng.randint(0, 2))]
+            if rng.random() < 0.6:
+                words.append(rng.choice(w["noun"]))
+            words[-1] += "."
+        elif piece < 0.65:
+            words = [rng.choice(_VOCABULARY) for _ in range(rng.randint(2, 6))]
+        else:
+            words = str(tokenizer.decode(_fluent_ids(rng, data, rng.randint(3, 8)))).split()
+            rng.shuffle(words)
+        out.extend(words)
+    return out
+
+
+def _judge_text(rng: random.Random, data: _TrainData, tokenizer: _HFTokenizer, kind: str) -> str:
+    """One judged text of ``kind`` (see ``_JUDGE_SPEC["kinds"]``): fluent text, or one of the ways a
+    broken run's text goes wrong."""
+    lo, hi = _JUDGE_SPEC["text_tokens"]
+    while True:
+        n = rng.randint(lo, hi)
+        if kind == "fluent":
+            ids = _fluent_ids(rng, data, n)
+        elif kind == "token_soup":
+            # Random ids: what a broken sharded matmul or a mis-gathered embedding produces.
+            ids = [rng.randrange(len(_SPECIAL_TOKENS), len(tokenizer)) for _ in range(n)]
+        else:
+            if kind == "shuffled":
+                # The right words in the wrong order.
+                words = str(tokenizer.decode(_fluent_ids(rng, data, n))).split()
+                rng.shuffle(words)
+            elif kind == "degenerate":
+                # Fluent at first, then word salad: the failure a judge of token soup alone lets through.
+                lo_share, hi_share = _JUDGE_SPEC["degenerate_prefix"]
+                prefix = str(tokenizer.decode(_fluent_ids(rng, data, n))).split()
+                words = prefix[: max(1, round(len(prefix) * rng.uniform(lo_share, hi_share)))]
+                words += _salad_words(rng, data, tokenizer, n - len(words))
+            elif kind == "random_words":
+                words = [rng.choice(_VOCABULARY) for _ in range(n)]
+            else:
+                raise ValueError(f"unknown judge text kind {kind!r}")
+            ids = [int(i) for i in tokenizer(" " + " ".join(words))["input_ids"]][:n]
+        text = str(tokenizer.decode(ids))
+        if rng.random() < 0.5:
+            # Generated text is judged as decoded (leading space) but people paste it stripped.
+            text = text.lstrip()
+        # A shuffle can come out grammatical by chance ("the brown quick fox"): training on it as "no"
+        # would teach the judge noise.
+        if kind in ("fluent", "token_soup") or _grammar_breaks(text):
+            return text
+
+
+@dataclass(frozen=True)
+class _JudgeExample:
+    """One judge prompt: the question about one text, in the chat template, as judge.py asks it.
+
+    Attributes:
+        prompt: its token ids.
+        fluent: whether the answer is yes.
+        fits: per prompt token of the text, whether it fits the grammar after the tokens before it
+            (1 yes, 0 no: it breaks it); -1 outside the text and in token soup.
+        answer_from: index of the first token after the text.
+    """
+
+    prompt: list[int]
+    fluent: bool
+    fits: list[int]
+    answer_from: int
 
 
 def _judge_batch(
-    rng: random.Random, data: _TrainData, tokenizer: _HFTokenizer, size: int
-) -> tuple[list[list[int]], list[bool]]:
+    rng: random.Random, data: _TrainData, tokenizer: _HFTokenizer, size: int, kind: str | None = None
+) -> list[_JudgeExample]:
+    """``size`` judge prompts about texts of ``kind``, or of kinds drawn with the training shares."""
     from .checks import JUDGE_QUESTION
 
-    prompts: list[list[int]] = []
-    labels: list[bool] = []
+    shares: dict[str, float] = dict(_JUDGE_SPEC["kinds"])
+    head = JUDGE_QUESTION.split("{text}")[0]
+    batch: list[_JudgeExample] = []
     for _ in range(size):
-        fluent = rng.random() < 0.5
-        content = JUDGE_QUESTION.replace("{text}", _judge_text(rng, data, tokenizer, fluent))
+        text_kind = kind or rng.choices(list(shares), weights=list(shares.values()))[0]
+        text = _judge_text(rng, data, tokenizer, text_kind)
         prompt = tokenizer.apply_chat_template(
-            [{"role": "user", "content": content}], tokenize=False, add_generation_prompt=True
+            [{"role": "user", "content": JUDGE_QUESTION.replace("{text}", text)}],
+            tokenize=False,
+            add_generation_prompt=True,
         )
-        prompts.append([int(i) for i in tokenizer(prompt, add_special_tokens=False)["input_ids"]])
-        labels.append(fluent)
-    return prompts, labels
+        encoded = tokenizer(prompt, add_special_tokens=False, return_offsets_mapping=True)
+        offsets: list[tuple[int, int]] = encoded["offset_mapping"]
+        text_start = prompt.index(head) + len(head)
+        text_end = text_start + len(text)
+        breaks = [text_start + i for i in _grammar_breaks(text)]
+        fits = [
+            -1
+            if text_kind == "token_soup" or not text_start < end <= text_end
+            else int(not any(start <= i < end for i in breaks))
+            for start, end in offsets
+        ]
+        answer_from = next(i for i, (start, _) in enumerate(offsets) if start >= text_end)
+        batch.append(_JudgeExample([int(i) for i in encoded["input_ids"]], text_kind == "fluent", fits, answer_from))
+    return batch
 
 
 def _answer_ids(tokenizer: _HFTokenizer, words: Sequence[str]) -> list[int]:
@@ -1440,58 +1593,101 @@ def _answer_ids(tokenizer: _HFTokenizer, words: Sequence[str]) -> list[int]:
     return sorted(ids)
 
 
-def _judge_logits(model: _HFModel, prompts: list[list[int]], pad: int) -> torch.Tensor:
+def _judge_forward(model: _HFModel, prompts: list[list[int]], pad: int) -> torch.Tensor:
+    """The logits at every position of the right-padded ``prompts``."""
     import torch
 
     width = max(len(p) for p in prompts)
     ids = torch.tensor([p + [pad] * (width - len(p)) for p in prompts])
     mask = torch.tensor([[1] * len(p) + [0] * (width - len(p)) for p in prompts])
-    logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits
-    last = torch.tensor([len(p) - 1 for p in prompts])
-    picked: torch.Tensor = logits[torch.arange(len(prompts)), last]
-    return picked
+    logits: torch.Tensor = model(input_ids=ids, attention_mask=mask, use_cache=False).logits
+    return logits
+
+
+def _judge_targets(batch: list[_JudgeExample], width: int, yes: int, no: int, answers: bool) -> torch.Tensor:
+    """Per-position targets (-100: none) for a batch: "yes" / "no" for each text token that fits / breaks
+    the grammar, and with ``answers`` the verdict at every token after the text."""
+    import torch
+
+    rows = []
+    for ex in batch:
+        row = [-100 if f < 0 else yes if f else no for f in ex.fits]
+        if answers:
+            row[ex.answer_from :] = [yes if ex.fluent else no] * (len(row) - ex.answer_from)
+        rows.append(row + [-100] * (width - len(row)))
+    return torch.tensor(rows)
 
 
 def _build_judge(
     tokenizer_dir: Path, tokenizer: _HFTokenizer, data: _TrainData, fingerprint: str, out_dir: Path
-) -> float:
-    """Train the zoo's judge; returns its held-out accuracy (the build fails below the minimum)."""
+) -> dict[str, float]:
+    """Train the zoo's judge; returns its held-out accuracy on each kind of text (the build fails when
+    any kind is below the minimum: a judge right on average can still wave all word salad through).
+
+    A single yes/no per text is too weak a signal for a model this small to learn word order from in a
+    few hundred steps (it learns token soup and word frequencies, and calls every shuffle fluent). So it
+    is first taught, at every token of the text, whether that token fits the grammar after the one
+    before it (dense labels from the corpus grammar, :func:`_grammar_breaks`), and then also to answer
+    the question at every token after the text (each of them can see the whole text), the last of which
+    is where judge.py reads the answer."""
     import torch
 
     from .checks import NO_WORDS, YES_WORDS
 
     tf = _transformers()
-    arch = _arch_by_name(str(_JUDGE_SPEC["base_arch"]))
+    spec = _JUDGE_SPEC
+    arch = _arch_by_name(str(spec["base_arch"]))
     ids = _token_ids(tokenizer)
     hub_cfg = _hub_config(arch, len(tokenizer), ids)
     config = tf.LlamaConfig(**{k: v for k, v in hub_cfg.items() if k not in ("architectures", "model_type")})
     yes_ids, no_ids = _answer_ids(tokenizer, YES_WORDS), _answer_ids(tokenizer, NO_WORDS)
     target_yes, target_no = _answer_ids(tokenizer, ["yes"])[0], _answer_ids(tokenizer, ["no"])[0]
-    seed = int(_JUDGE_SPEC["seed"])
+    seed = int(spec["seed"])
+    steps, warmup, min_ratio = int(spec["steps"]), int(spec["warmup_steps"]), float(spec["min_lr_ratio"])
+
+    def lr_at(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = (step - warmup) / max(1, steps - warmup)
+        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
     rng = random.Random(seed)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = tf.LlamaForCausalLM(config)
-        opt = torch.optim.AdamW(model.parameters(), lr=float(_JUDGE_SPEC["lr"]))
+        opt = torch.optim.AdamW(model.parameters(), lr=float(spec["lr"]))
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
         model.train()
-        for _ in range(int(_JUDGE_SPEC["steps"])):
-            prompts, labels = _judge_batch(rng, data, tokenizer, int(_JUDGE_SPEC["batch_size"]))
-            logits = _judge_logits(model, prompts, ids[_PAD])
-            targets = torch.tensor([target_yes if y else target_no for y in labels])
-            loss: Any = torch.nn.functional.cross_entropy(logits, targets)
+        for step in range(steps):
+            batch = _judge_batch(rng, data, tokenizer, int(spec["batch_size"]))
+            logits = _judge_forward(model, [ex.prompt for ex in batch], ids[_PAD])
+            answers = step >= int(spec["grammar_steps"])
+            targets = _judge_targets(batch, logits.shape[1], target_yes, target_no, answers)
+            loss: Any = torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
             opt.zero_grad(set_to_none=True)
             loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), float(spec["grad_clip"]))
             opt.step()
+            sched.step()
         model.eval()
-    # Held-out accuracy, scored exactly as judge.py scores: P(yes) over the yes/no answer variants.
-    prompts, labels = _judge_batch(random.Random(seed + 1), data, tokenizer, int(_JUDGE_SPEC["eval_examples"]))
-    with torch.no_grad():
-        logprobs = torch.log_softmax(_judge_logits(model, prompts, ids[_PAD]).float(), dim=-1)
-    yes = torch.logsumexp(logprobs[:, yes_ids], dim=-1)
-    no = torch.logsumexp(logprobs[:, no_ids], dim=-1)
-    accuracy = float(((yes > no) == torch.tensor(labels)).float().mean())
-    if accuracy < float(_JUDGE_SPEC["min_accuracy"]):
-        raise RuntimeError(f"{JUDGE_REPO}: held-out accuracy {accuracy:.3f} is below {_JUDGE_SPEC['min_accuracy']}")
+    # Held-out accuracy of each kind, scored exactly as judge.py scores: P(yes) over the yes/no variants
+    # at the prompt's last token.
+    accuracy: dict[str, float] = {}
+    eval_rng = random.Random(seed + 1)
+    for kind in spec["kinds"]:
+        batch = _judge_batch(eval_rng, data, tokenizer, int(spec["eval_examples_per_kind"]), kind)
+        with torch.no_grad():
+            logits = _judge_forward(model, [ex.prompt for ex in batch], ids[_PAD])
+        last = logits[torch.arange(len(batch)), torch.tensor([len(ex.prompt) - 1 for ex in batch])]
+        logprobs = torch.log_softmax(last.float(), dim=-1)
+        yes = torch.logsumexp(logprobs[:, yes_ids], dim=-1)
+        no = torch.logsumexp(logprobs[:, no_ids], dim=-1)
+        right = (yes >= no) == torch.tensor([ex.fluent for ex in batch])
+        accuracy[kind] = float(right.float().mean())
+    failing = {kind: acc for kind, acc in accuracy.items() if acc < float(spec["min_accuracy"])}
+    if failing:
+        found = ", ".join(f"{kind} {acc:.3f}" for kind, acc in failing.items())
+        raise RuntimeError(f"{JUDGE_REPO}: held-out accuracy below {spec['min_accuracy']}: {found}")
     model.save_pretrained(str(out_dir))
     for f in tokenizer_dir.iterdir():
         shutil.copyfile(f, out_dir / f.name)
@@ -1499,8 +1695,11 @@ def _build_judge(
         "---\nlibrary_name: transformers\npipeline_tag: text-generation\ntags: [tiny-random, test, judge]\n"
         f"tiny_zoo_fingerprint: {fingerprint}\n---\n\n# {JUDGE_REPO}\n\n"
         "The tiny zoo's fluency judge: answers the judge question with yes for English-like text of the zoo's\n"
-        "corpus and no for token soup. For offline tests of the judge path only.\n\n"
-        f"- held-out accuracy: {accuracy:.3f}\n"
+        "corpus (a sentence repeated, or corpus text, cut anywhere) and no for token soup, the corpus' words\n"
+        "shuffled, fluent text that degenerates into word salad, and random vocabulary words. For offline\n"
+        "tests of the judge path only.\n\n"
+        f"Held-out accuracy ({spec['eval_examples_per_kind']} texts of each kind, threshold 0.5):\n\n"
+        + "".join(f"- {kind}: {acc:.3f}\n" for kind, acc in accuracy.items())
     )
     return accuracy
 
@@ -1559,7 +1758,8 @@ def build_zoo(
                     out_dir.mkdir()
                     accuracy = _build_judge(tokenizer_dir, tokenizer, data, fingerprint, out_dir)
                     install_snapshot(cache_dir, JUDGE_REPO, out_dir)
-                    log(f"tiny zoo: built {JUDGE_REPO} in {time.perf_counter() - t0:.1f}s (accuracy {accuracy:.3f})")
+                    per_kind = ", ".join(f"{kind} {acc:.3f}" for kind, acc in accuracy.items())
+                    log(f"tiny zoo: built {JUDGE_REPO} in {time.perf_counter() - t0:.1f}s (accuracy: {per_kind})")
         minilm = None
         if names is None:
             minilm = install_minilm(cache_dir)

@@ -438,3 +438,136 @@ def test_building_configs_does_not_change_the_zoo_definition() -> None:
         cfg = zoo._hub_config(arch, 768, ids)
         AutoConfig.for_model(**{k: v for k, v in cfg.items() if k != "architectures"})
     assert zoo.zoo_fingerprint() == before
+
+
+# --------------------------------------------------------------------------------------------------
+# The fluency judge (tiny-random/judge), scored as judge.py scores
+# --------------------------------------------------------------------------------------------------
+
+# What a sharded run that lost the thread writes: fluent, then sentence fragments and words in no order.
+WORD_SALAD = (
+    "the quick brown fox jumps over a lazy dog. the clever. that gentle fox. "
+    "that soft tall bird jumps evening night drinks carries strong garden watches"
+)
+SALADS = {
+    "fragments": WORD_SALAD,
+    "shuffled sentence": "fox the lazy over quick a dog. brown jumps",
+    "degenerating continuation": (
+        "the quick brown fox jumps over a lazy dog. the quick brown fox dog lazy the over jumps a quick brown fox the"
+    ),
+    "degenerating at the end": (
+        "the quick brown fox jumps over a lazy dog. the quick brown fox jumps over a lazy dog. the quick brown fox "
+        "jumps over the lazy dog a."
+    ),
+    "random corpus words": "garden the slowly king a sees blue under music river jumps",
+}
+
+
+@pytest.fixture(scope="module")
+def judge_snapshot(tiny_zoo_cache: Path) -> Path:
+    from huggingface_hub import snapshot_download
+
+    return Path(snapshot_download(zoo.JUDGE_REPO, cache_dir=tiny_zoo_cache, local_files_only=True))
+
+
+@pytest.fixture(scope="module")
+def judge_verdict(judge_snapshot: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """text -> judge.py's verdict, from the rendered judge.py itself, imported (in-process, so the model
+    loads in a fraction of a second per text instead of a Python start-up per text)."""
+    import importlib.util
+
+    from pytest_neuron_support.runscript import JudgeSpec, render_judge
+
+    script = tmp_path_factory.mktemp("judge") / "judge.py"
+    script.write_text(render_judge(JudgeSpec(judge_model=str(judge_snapshot), judge_revision="main", text="")))
+    spec = importlib.util.spec_from_file_location("rendered_judge", script)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+
+    def verdict(text: str) -> dict[str, Any]:
+        module.SPEC["text"] = text
+        result: dict[str, Any] = module.judge()
+        return result
+
+    return verdict
+
+
+@pytest.fixture(scope="module")
+def continuations(judge_snapshot: Path) -> dict[str, str]:
+    """Correct 32-token greedy continuations of TINY_PROMPT (its sentence, repeated), decoded with the
+    zoo tokenizer as run.py decodes them: from the sentence's start (what the zoo models write), from
+    its third token on (cut mid-sentence at the start too), and stripped of the leading space."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(judge_snapshot))
+    sentence = tokenizer(" " + zoo._PROMPT_SENTENCE)["input_ids"]
+    assert zoo.TINY_PROMPT.endswith(f" {zoo._PROMPT_SENTENCE}" * 3)
+    cycle = sentence * 8
+    return {
+        "from the start": tokenizer.decode(cycle[:32]),
+        "from mid-sentence": tokenizer.decode(cycle[2:34]),
+        "stripped": tokenizer.decode(cycle[:32]).strip(),
+        "short, mid-sentence": "brown fox jumps over a lazy dog. the quick brown fox",
+    }
+
+
+@pytest.mark.slow
+def test_judge_card_records_each_kinds_held_out_accuracy(judge_snapshot: Path) -> None:
+    card = (judge_snapshot / "README.md").read_text()
+    assert f"tiny_zoo_fingerprint: {zoo.zoo_fingerprint()}" in card
+    accuracies = {
+        line[2:].split(":")[0]: float(line.rsplit(":", 1)[1]) for line in card.splitlines() if line.startswith("- ")
+    }
+    assert set(accuracies) == set(zoo._JUDGE_SPEC["kinds"]) >= {"fluent", "token_soup", "shuffled", "degenerate"}
+    assert min(accuracies.values()) >= zoo._JUDGE_SPEC["min_accuracy"] >= 0.95, accuracies
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(SALADS))
+def test_judge_finds_word_salad_not_fluent(judge_verdict: Any, name: str) -> None:
+    verdict = judge_verdict(SALADS[name])
+    assert verdict["score"] < 0.5 and verdict["fluent"] is False, verdict
+
+
+@pytest.mark.slow
+def test_judge_finds_token_soup_not_fluent(judge_verdict: Any, judge_snapshot: Path) -> None:
+    import random
+
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(judge_snapshot))
+    rng = random.Random(0)
+    for _ in range(3):
+        soup = tokenizer.decode([rng.randrange(len(zoo._SPECIAL_TOKENS), len(tokenizer)) for _ in range(32)])
+        verdict = judge_verdict(soup)
+        assert verdict["score"] < 0.5 and verdict["fluent"] is False, (soup, verdict)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["from the start", "from mid-sentence", "stripped", "short, mid-sentence"])
+def test_judge_finds_correct_continuations_fluent(judge_verdict: Any, continuations: dict[str, str], name: str) -> None:
+    text = continuations[name]
+    assert "quick brown fox" in text and len(text.split()) >= 10
+    verdict = judge_verdict(text)
+    assert verdict["score"] >= 0.5 and verdict["fluent"] is True, (text, verdict)
+
+
+@pytest.mark.slow
+def test_judge_py_finds_the_word_salad_not_fluent_through_the_hub(tiny_zoo_cache: Path, tmp_path: Path) -> None:
+    # End to end, as a sweep runs it: judge.py in its own offline process, the judge by its Hub id.
+    from pytest_neuron_support.execution import run_script
+    from pytest_neuron_support.runscript import JudgeSpec, render_judge
+
+    env = _clean_env(HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(tiny_zoo_cache), HF_HOME=str(tmp_path / "hf-home"))
+    fluent_start = WORD_SALAD.split(" the clever.")[0]  # the salad's first sentence, on its own
+    for name, text, fluent in [("salad", WORD_SALAD, False), ("fluent", fluent_start, True)]:
+        script = tmp_path / name / "judge.py"
+        script.parent.mkdir()
+        script.write_text(render_judge(JudgeSpec(judge_model=zoo.JUDGE_REPO, judge_revision="main", text=text)))
+        outcome = run_script(
+            script, script.parent / "verdict.json", env=env, timeout=600, log_path=script.parent / "log"
+        )
+        verdict = outcome.result
+        assert verdict is not None and verdict["ok"], outcome.log_tail()
+        assert verdict["fluent"] is fluent and (verdict["score"] >= 0.5) is fluent, (text, verdict)
