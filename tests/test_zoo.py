@@ -129,14 +129,14 @@ def test_fingerprint_changes_with_the_definition(monkeypatch: pytest.MonkeyPatch
         config={**first.config, "rms_norm_eps": 1e-5},
         tags=first.tags,
     )
-    monkeypatch.setattr(zoo, "ARCHS", (changed, *zoo.ARCHS[1:]))
+    monkeypatch.setattr(zoo.spec, "ARCHS", (changed, *zoo.ARCHS[1:]))
     assert zoo.zoo_fingerprint() != base
     monkeypatch.undo()
     assert zoo.zoo_fingerprint() == base
-    monkeypatch.setitem(zoo._TRAIN_SPEC, "steps", int(zoo._TRAIN_SPEC["steps"]) + 1)
+    monkeypatch.setitem(zoo.spec._TRAIN_SPEC, "steps", int(zoo.spec._TRAIN_SPEC["steps"]) + 1)
     assert zoo.zoo_fingerprint() != base
     monkeypatch.undo()
-    monkeypatch.setattr(zoo, "TINY_PROMPT", zoo.TINY_PROMPT + " again")
+    monkeypatch.setattr(zoo.spec, "TINY_PROMPT", zoo.TINY_PROMPT + " again")
     assert zoo.zoo_fingerprint() != base
 
 
@@ -433,9 +433,9 @@ def test_building_configs_does_not_change_the_zoo_definition() -> None:
     from transformers import AutoConfig
 
     before = zoo.zoo_fingerprint()
-    ids = {zoo._BOS: 1, zoo._EOS: 2, zoo._PAD: 0, zoo._IM_END: 3}
+    ids = {zoo.spec._BOS: 1, zoo.spec._EOS: 2, zoo.spec._PAD: 0, zoo.spec._IM_END: 3}
     for arch in zoo.ARCHS:
-        cfg = zoo._hub_config(arch, 768, ids)
+        cfg = zoo.text._hub_config(arch, 768, ids)
         AutoConfig.for_model(**{k: v for k, v in cfg.items() if k != "architectures"})
     assert zoo.zoo_fingerprint() == before
 
@@ -501,8 +501,8 @@ def continuations(judge_snapshot: Path) -> dict[str, str]:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(judge_snapshot))
-    sentence = tokenizer(" " + zoo._PROMPT_SENTENCE)["input_ids"]
-    assert zoo.TINY_PROMPT.endswith(f" {zoo._PROMPT_SENTENCE}" * 3)
+    sentence = tokenizer(" " + zoo.spec._PROMPT_SENTENCE)["input_ids"]
+    assert zoo.TINY_PROMPT.endswith(f" {zoo.spec._PROMPT_SENTENCE}" * 3)
     cycle = sentence * 8
     return {
         "from the start": tokenizer.decode(cycle[:32]),
@@ -519,8 +519,8 @@ def test_judge_card_records_each_kinds_held_out_accuracy(judge_snapshot: Path) -
     accuracies = {
         line[2:].split(":")[0]: float(line.rsplit(":", 1)[1]) for line in card.splitlines() if line.startswith("- ")
     }
-    assert set(accuracies) == set(zoo._JUDGE_SPEC["kinds"]) >= {"fluent", "token_soup", "shuffled", "degenerate"}
-    assert min(accuracies.values()) >= zoo._JUDGE_SPEC["min_accuracy"] >= 0.95, accuracies
+    assert set(accuracies) == set(zoo.spec._JUDGE_SPEC["kinds"]) >= {"fluent", "token_soup", "shuffled", "degenerate"}
+    assert min(accuracies.values()) >= zoo.spec._JUDGE_SPEC["min_accuracy"] >= 0.95, accuracies
 
 
 @pytest.mark.slow
@@ -539,7 +539,7 @@ def test_judge_finds_token_soup_not_fluent(judge_verdict: Any, judge_snapshot: P
     tokenizer = AutoTokenizer.from_pretrained(str(judge_snapshot))
     rng = random.Random(0)
     for _ in range(3):
-        soup = tokenizer.decode([rng.randrange(len(zoo._SPECIAL_TOKENS), len(tokenizer)) for _ in range(32)])
+        soup = tokenizer.decode([rng.randrange(len(zoo.spec._SPECIAL_TOKENS), len(tokenizer)) for _ in range(32)])
         verdict = judge_verdict(soup)
         assert verdict["score"] < 0.5 and verdict["fluent"] is False, (soup, verdict)
 
