@@ -502,3 +502,44 @@ def _optional_float(data: Mapping[str, Any], key: str) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise HubError(f"field {key!r} must be a number or null (got {value!r})")
     return float(value)
+
+
+# --------------------------------------------------------------------------------------------------
+# Files and safetensors metadata of one repository (the planner's questions)
+# --------------------------------------------------------------------------------------------------
+
+
+def download_file(repo_id: str, filename: str, *, revision: str | None, local_only: bool = False) -> Path:
+    """``filename`` of ``repo_id`` from the Hugging Face cache, downloaded if it is not there (unless
+    ``local_only``). Raises what huggingface_hub raises (offline and not cached, not found, gated, HTTP)."""
+    from huggingface_hub import hf_hub_download
+
+    path = hf_hub_download(repo_id, filename, revision=revision, local_files_only=local_only)
+    if not isinstance(path, str):
+        raise HubError(f"{repo_id}: hf_hub_download returned no file for {filename}")
+    return Path(path)
+
+
+def cached_file(repo_id: str, filename: str, *, revision: str | None) -> Path | None:
+    """``filename`` of ``repo_id`` when it is already in the Hugging Face cache, else None (never a
+    request)."""
+    from huggingface_hub import try_to_load_from_cache
+
+    # A path only when the file is cached; None or a "known missing" sentinel otherwise.
+    found = try_to_load_from_cache(repo_id, filename, revision=revision)
+    return Path(found) if isinstance(found, str) else None
+
+
+def safetensors_parameters(repo_id: str, *, revision: str | None, is_expert: Callable[[str], bool]) -> tuple[int, int]:
+    """(parameters, expert parameters) of ``repo_id`` from the Hub's safetensors metadata API (the
+    headers only, no weights); a tensor counts as an expert's when ``is_expert(name)``."""
+    from huggingface_hub import get_safetensors_metadata
+
+    metadata = get_safetensors_metadata(repo_id, revision=revision)
+    experts = sum(
+        int(tensor.parameter_count)
+        for file in metadata.files_metadata.values()
+        for name, tensor in file.tensors.items()
+        if is_expert(name)
+    )
+    return int(sum(metadata.parameter_count.values())), experts

@@ -13,8 +13,8 @@ facts about a model, both obtained without downloading a single weight:
 which either says how many cores to lease and with which tensor/expert-parallel sizes, or says
 why the model cannot run within the limits and what it would take.
 
-torch, transformers and huggingface_hub are imported inside the functions that use them: this
-module is imported by the pytest plugin at collection time, and ``pytest --help`` must stay fast.
+Every Hub call goes through :mod:`.hub`; torch and transformers are imported inside the functions that
+use them: this module is imported by the pytest plugin at collection time, and ``pytest --help`` must stay fast.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from . import hub
 from .catalog import ModelSpec
 
 GIB = 1 << 30
@@ -533,10 +534,8 @@ def _index_shards(index: Path, model: ModelSpec) -> list[str]:
 
 
 def _hub_config_path(model: ModelSpec, local_only: bool = False) -> Path:
-    from huggingface_hub import hf_hub_download
-
     try:
-        path = hf_hub_download(model.id, "config.json", revision=model.revision, local_files_only=local_only)
+        path = hub.download_file(model.id, "config.json", revision=model.revision, local_only=local_only)
     # The hub raises a zoo of types here (offline and not cached, repository or revision not
     # found, gated, HTTP, OS errors); each means the same thing to the planner.
     except Exception as exc:
@@ -546,20 +545,15 @@ def _hub_config_path(model: ModelSpec, local_only: bool = False) -> Path:
         )
         error.unreachable = _unreachable(exc)
         raise error from exc
-    if not isinstance(path, str):
-        raise PlanningError(f"cannot inspect {_label(model)}: hf_hub_download returned no file for config.json")
-    return Path(path)
+    return path
 
 
 def _cached_parameters(model: ModelSpec, tried: list[str]) -> tuple[int, int] | None:
     """(parameters, expert parameters) from safetensors files already in the Hugging Face cache, or
     None (noted in ``tried``)."""
-    from huggingface_hub import try_to_load_from_cache
 
     def cached(filename: str) -> Path | None:
-        # Returns a path only when the file is cached; None or a "known missing" sentinel otherwise.
-        found = try_to_load_from_cache(model.id, filename, revision=model.revision)
-        return Path(found) if isinstance(found, str) else None
+        return hub.cached_file(model.id, filename, revision=model.revision)
 
     try:
         index = cached("model.safetensors.index.json")
@@ -586,17 +580,8 @@ def _cached_parameters(model: ModelSpec, tried: list[str]) -> tuple[int, int] | 
 
 
 def _api_parameters(model: ModelSpec, tried: list[str]) -> tuple[int, int]:
-    from huggingface_hub import get_safetensors_metadata
-
     try:
-        metadata = get_safetensors_metadata(model.id, revision=model.revision)
-        experts = sum(
-            int(tensor.parameter_count)
-            for file in metadata.files_metadata.values()
-            for name, tensor in file.tensors.items()
-            if is_expert_tensor(name)
-        )
-        return int(sum(metadata.parameter_count.values())), experts
+        return hub.safetensors_parameters(model.id, revision=model.revision, is_expert=is_expert_tensor)
     # Offline mode, not a safetensors repo, gated, not found, network: all leave no count.
     except Exception as exc:
         tried.append(f"hub api get_safetensors_metadata: {_brief(exc)}")
