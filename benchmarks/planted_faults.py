@@ -44,10 +44,10 @@ from _common import REPO, sweep, zoo_cache
 from faults import ENV_VAR, FAULT, FAULTS, HEALTHY, applies, conftest
 
 from pytest_neuron_support.pipeline import slug
+from pytest_neuron_support.tasks import GENERATION_TASKS
 
 BENCH = Path(__file__).resolve().parent
 CATALOG = REPO / "models-tiny.yaml"
-GENERATION_TASKS = ("text-generation", "image-text-to-text")
 # The largest zoo entry (olmo2) takes 4 cores: a pool of 4 runs every entry.
 POOL = 4
 DEFAULT_CACHE = Path.home() / ".cache" / "neuron-support" / "planted-faults"

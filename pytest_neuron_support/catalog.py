@@ -15,11 +15,11 @@ from typing import Any
 
 import yaml
 
-#: Tasks that generate greedy tokens and are judged token by token (docs/tasks.md).
-GENERATION_TASKS: tuple[str, ...] = ("text-generation", "image-text-to-text")
-#: Tasks that embed a fixed set of sentences and are judged by cosine similarity (docs/tasks.md).
-EMBEDDING_TASKS: tuple[str, ...] = ("feature-extraction", "sentence-similarity")
-TASKS: tuple[str, ...] = GENERATION_TASKS + EMBEDDING_TASKS
+from .tasks import EMBEDDING_TASKS
+from .tasks import TASKS as TASK_TABLE
+
+#: The catalog's task names, from the one task table (tasks.py).
+TASKS: tuple[str, ...] = tuple(TASK_TABLE)
 DTYPES: tuple[str, ...] = ("bfloat16", "float16", "float32")
 EXCLUDE_REASONS: tuple[str, ...] = ("low-priority", "incompatible", "remote-code", "too-large")
 CORE_COUNTS: tuple[int, ...] = (1, 2, 4, 8, 16)

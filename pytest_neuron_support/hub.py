@@ -47,13 +47,15 @@ from typing import Any, Literal, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 from .storage import write_atomic
+from .tasks import RANKED_TASKS
 
 # Subsets of huggingface_hub's ModelSort_T and ExpandModelProperty_T, spelled out here so that
 # type-checking the calls does not need the client imported at module level.
 _Sort = Literal["trending_score", "downloads"]
 _Expand = Literal["downloads", "likes", "trendingScore", "pipeline_tag", "library_name", "gated", "createdAt"]
 
-TASKS = ("text-generation", "image-text-to-text")
+#: The tasks whose rankings are fetched (the task table's ``ranked`` rows).
+TASKS = RANKED_TASKS
 # The viewer's names for the views -> the ``sort`` values HfApi.list_models accepts.
 SORTS: dict[str, _Sort] = {"trending": "trending_score", "downloads": "downloads"}
 

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from . import __version__
 from .checks import JUDGE_QUESTION, JUDGE_THRESHOLD, NO_WORDS, YES_WORDS
 from .devices import DeviceKind
+from .tasks import TASKS
 
 if TYPE_CHECKING:
     from .execution import ProcessOutcome
@@ -84,6 +85,9 @@ class RunSpec:
         spec["sentences"] = list(self.sentences)
         spec["image_size"] = list(self.image_size)
         spec["forced_tokens"] = None if self.forced_tokens is None else list(self.forced_tokens)
+        # The task's row of the one task table: run.py is standalone and cannot import it.
+        task = TASKS[self.task]
+        spec["auto_class"], spec["inputs"] = task.auto_class, task.inputs
         return spec
 
 

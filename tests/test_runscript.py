@@ -4,7 +4,7 @@ import ast
 import sys
 
 from pytest_neuron_support.devices import DEVICES
-from pytest_neuron_support.runscript import RunSpec, render
+from pytest_neuron_support.runscript import RunSpec, render, template
 
 
 def spec(**overrides: object) -> RunSpec:
@@ -60,20 +60,29 @@ def test_imports_are_limited_to_stdlib_torch_and_transformers() -> None:
 
 def test_every_task_renders_its_loading_path() -> None:
     from pytest_neuron_support.catalog import TASKS
+    from pytest_neuron_support.tasks import TASKS as TABLE
 
+    assert (
+        set(TASKS)
+        == set(TABLE)
+        == {"text-generation", "image-text-to-text", "feature-extraction", "sentence-similarity"}
+    )
+    expected = {
+        "text-generation": ("AutoModelForCausalLM", "text"),
+        "image-text-to-text": ("AutoModelForImageTextToText", "vision"),
+        "feature-extraction": ("AutoModel", "embedding"),
+        "sentence-similarity": ("AutoModel", "embedding"),
+    }
+    assert set(TASKS) == set(TABLE) == set(expected)
     for task in TASKS:
         source = render(spec(task=task, sentences=("a b", "c")))
         compile(source, "run.py", "exec")
         written = spec_literal(source)
         assert written["task"] == task and written["sentences"] == ["a b", "c"]
         assert written["image_size"] == [224, 224]
-    # The template knows every catalog task (an unknown one would fail at load with a KeyError).
-    namespace: dict[str, object] = {"__name__": "run_template"}
-    exec(compile(render(spec()), "run.py", "exec"), namespace)
-    tasks = namespace["TASKS"]
-    assert isinstance(tasks, dict) and set(tasks) == set(TASKS)
-    assert tasks["image-text-to-text"] == ("AutoModelForImageTextToText", "vision")
-    assert tasks["sentence-similarity"] == tasks["feature-extraction"] == ("AutoModel", "embedding")
+        # The task table's row travels in the SPEC: run.py keeps no task table of its own.
+        assert (written["auto_class"], written["inputs"]) == expected[task]
+    assert "TASKS" not in template()
 
 
 def test_cpu_reference_script_stays_eager() -> None:

@@ -47,13 +47,6 @@ import traceback
 SPEC = {}  # @@SPEC@@
 
 STAGE = {"name": "start"}
-#: What each catalog task runs: which Auto class loads the model, and which path feeds it.
-TASKS = {
-    "text-generation": ("AutoModelForCausalLM", "text"),
-    "image-text-to-text": ("AutoModelForImageTextToText", "vision"),
-    "feature-extraction": ("AutoModel", "embedding"),
-    "sentence-similarity": ("AutoModel", "embedding"),
-}
 #: sentence-transformers module types this script reproduces; any other (Dense, LayerNorm, ...)
 #: stops the run at stage load rather than embedding without it.
 TRANSFORMER_MODULE = "sentence_transformers.models.Transformer"
@@ -141,7 +134,7 @@ def load(torch, facts):
     """(tokenizer or processor, model) for SPEC's task, placed on the device."""
     import transformers
 
-    auto_class, kind = TASKS[SPEC["task"]]
+    auto_class, kind = SPEC["auto_class"], SPEC["inputs"]
     common = {"revision": SPEC["revision"], "trust_remote_code": SPEC["trust_remote_code"]}
     # A VLM needs its processor (image processor + tokenizer + chat template), not just a tokenizer.
     preprocessor_class = transformers.AutoProcessor if kind == "vision" else transformers.AutoTokenizer
@@ -195,7 +188,7 @@ def fixed_image(torch, width, height):
 
 def generation_inputs(torch, preprocessor, model):
     """(inputs on CPU, tokenizer) for a generation task: the prompt, with the fixed image for a VLM."""
-    if TASKS[SPEC["task"]][1] != "vision":
+    if SPEC["inputs"] != "vision":
         return preprocessor(SPEC["prompt"], return_tensors="pt"), preprocessor
     messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": SPEC["prompt"]}]}]
     text = preprocessor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
@@ -259,7 +252,7 @@ def run():
     enter("load")
     start = time.perf_counter()
     preprocessor, model = load(torch, facts)
-    embedding = TASKS[SPEC["task"]][1] == "embedding"
+    embedding = SPEC["inputs"] == "embedding"
     pooling = sentence_transformers_pooling() if embedding else None
     synchronize(torch)
     load_s = time.perf_counter() - start
@@ -347,7 +340,7 @@ def compiled_graphs(torch, counters, before):
     """(graphs compiled, compile-cache hits and misses) since ``before`` (cache_counts() then)."""
     graphs = int(counters["stats"]["unique_graphs"])
     if SPEC["compile"] and graphs == 0:
-        what = "the forward pass" if TASKS[SPEC["task"]][1] == "embedding" else "generate()"
+        what = "the forward pass" if SPEC["inputs"] == "embedding" else "generate()"
         raise NothingCompiledError(
             f"{what} compiled no graph: compilation was skipped (transformers only logs "
             "'Compilation will be skipped'), so this run would have been eager"
