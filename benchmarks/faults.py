@@ -186,26 +186,30 @@ if not _zeroed:
 print(f"[planted fault] dead-layer: zeroed layer 0's {_zeroed}", file=sys.stderr)
 """,
     ),
-    "prefill-skips-layer-0": Fault(
-        "prefill only: a forward hook replaces decoder layer 0's output by its input whenever more than one "
-        "position goes through it, i.e. over the prompt, so the first token comes from a model without its first "
-        "layer and every later step attends to prompt keys and values computed from those hidden states; the "
-        "one-token decoding steps (compiled) run layer 0 normally; recorded logits are the faulty model's",
+    "prefill-off-by-one": Fault(
+        "prefill only: decoder layer 0 writes its output over the prompt one position late (a forward hook rolls "
+        "the sequence by one whenever more than one position goes through it, as a prefill kernel with an "
+        "off-by-one in its output index would), so the first token and every prompt key and value above layer 0 "
+        "come from the wrong positions; the one-token decoding steps (compiled) run layer 0 normally; recorded "
+        "logits are the faulty model's",
         FAULT,
         ALL,
         _LAYERS
         + """
 
-# Skipping the layer rather than adding noise: noise of 3 x the activations' std there still left
-# gemma3_text decoding every token right, while every zoo model decodes otherwise without layer 0.
-def _prefill_skip(module, args, kwargs, output):
-    hidden = args[0] if args else kwargs["hidden_states"]
+# A misplaced output rather than a missing or noisy one: these 2-layer copy-task models decode the
+# prompt's continuation right without layer 0 over the prompt (qwen3_moe; mistral and qwen3_moe even
+# with every layer skipped there), or with noise of 3 x the activations' std (gemma3_text), while
+# every zoo model decodes otherwise when the prompt's positions are shifted.
+def _prefill_off_by_one(module, args, kwargs, output):
+    hidden = output[0] if isinstance(output, tuple) else output
     if hidden.dim() != 3 or hidden.shape[1] <= 1:
         return None  # a decoding step: one position, left alone (and traced as such when compiled)
+    hidden = hidden.roll(1, dims=1)
     return (hidden, *output[1:]) if isinstance(output, tuple) else hidden
 
 
-_layers[0].register_forward_hook(_prefill_skip, with_kwargs=True)
+_layers[0].register_forward_hook(_prefill_off_by_one, with_kwargs=True)
 """,
     ),
     "warm-run-second-best": Fault(
