@@ -7,7 +7,7 @@ Layout of ``--results-dir``::
     .parts/<session>/<n>.json      rows written as items finish (crash safety)
 
 ``pandas.read_parquet("<results-dir>/data")`` loads every stack. Rows are keyed by
-(model_id, device) inside a stack's file: rerunning a model replaces its row and nothing
+(model_id, device, test) inside a stack's file: rerunning a model replaces its row and nothing
 else. Every write goes to a temporary file and is renamed into place, under a file lock, so
 concurrent sessions and shards never lose or tear a row.
 """
@@ -34,8 +34,9 @@ PARTS_DIR = ".parts"
 LOCK_NAME = ".dataset.lock"
 
 
-def row_key(row: Row) -> tuple[str, str]:
-    return (row.model_id, row.device)
+def row_key(row: Row) -> tuple[str, str, str]:
+    # A user's test of a model is a row of its own: it neither replaces nor is replaced by the catalog's.
+    return (row.model_id, row.device, row.test)
 
 
 def stack_stem(row: Row) -> str:
@@ -149,7 +150,7 @@ def expected_seconds_from_dataset(results_dir: Path, device: str) -> dict[str, f
     except Exception:  # an unreadable old dataset only costs the ordering hint
         return seconds
     for row in sorted(rows, key=lambda r: r.timestamp):
-        if row.device == device and row.run_s is not None:
+        if row.device == device and row.run_s is not None and not row.test:  # a user test is no catalog run
             seconds[row.model_id] = row.run_s + (row.reference_s or 0.0)
     return seconds
 
@@ -172,8 +173,8 @@ class Change:
     new: str | None
 
 
-def _latest(rows: Iterable[Row]) -> dict[tuple[str, str], Row]:
-    latest: dict[tuple[str, str], Row] = {}
+def _latest(rows: Iterable[Row]) -> dict[tuple[str, str, str], Row]:
+    latest: dict[tuple[str, str, str], Row] = {}
     for row in sorted(rows, key=lambda r: r.timestamp):
         latest[row_key(row)] = row
     return latest

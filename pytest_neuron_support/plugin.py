@@ -105,6 +105,10 @@ recorded_key = pytest.StashKey[dict[tuple[str, str], tuple[str, str]]]()
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
     pluginmanager.add_hookspecs(hooks)
+    # The public fixtures and markers; fixtures.py builds on this module, so it is imported once this one is.
+    from . import fixtures
+
+    pluginmanager.register(fixtures, "neuron-support-fixtures")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -551,7 +555,7 @@ def _load_recorded(config: pytest.Config) -> None:
             stack.library,
             stack.library_version,
         )
-        if same_stack:
+        if same_stack and not row.test:  # a user's test of a model does not stand for its catalog item
             recorded[(row.model_id, row.device)] = (row.result, row.settings_hash)
     config.stash[recorded_key] = recorded
 
@@ -705,7 +709,9 @@ class ModelItem(pytest.Item):
 
 
 def _row_from_report(report: pytest.TestReport) -> Row | None:
-    if report.when != "call":  # every phase's report carries the item's user_properties
+    # Every phase's report carries a catalog item's user_properties (read its call's); a user's test
+    # attaches its row to the report that decided it: its call, or a setup that failed or skipped.
+    if report.when not in ("call", "setup"):
         return None
     for name, value in report.user_properties:
         if name == ROW_PROPERTY:

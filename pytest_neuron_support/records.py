@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 #: Every value of the ``result`` column and exactly what it means.
 RESULTS: Mapping[str, str] = {
@@ -65,6 +65,7 @@ STAGES: Mapping[str, str] = {
     "below the threshold)",
     "judge": "the fluency judge of a sharded run (decides only when the CPU check could not run)",
     "harness": "the test harness itself (unreadable result, worker lost)",
+    "test": "a user's own test (its body, or a fixture of its own): an assertion failed (FAIL) or it raised (ERROR)",
 }
 
 
@@ -88,6 +89,7 @@ VERDICT_BASES: Mapping[str, str] = {
     "run": "the run did not finish (ERROR or TIMEOUT): the exception, signal or timeout decided",
     "plan": "not run: the planner's reason (SKIPPED at stage plan)",
     "catalog": "not run: the catalog's exclusion, or remote code not allowed (EXCLUDED)",
+    "test": "a user's own test (the test column) that used the plugin's fixtures: its own assertions decided",
 }
 
 
@@ -150,7 +152,17 @@ class Row:
         default="text-generation",
         metadata=_doc("text-generation, image-text-to-text, feature-extraction or sentence-similarity"),
     )
-    source: str = field(default="catalog", metadata=_doc("catalog, cli (--model ID) or local (--model ./dir)"))
+    source: str = field(
+        default="catalog",
+        metadata=_doc("catalog, cli (--model ID), local (--model ./dir) or test (a user's test: see the test column)"),
+    )
+    test: str = field(
+        default="",
+        metadata=_doc(
+            "node id of the user's own test that made this row with the plugin's fixtures (file::name[params]); "
+            "its model_id is the test's model, or the node id when it checks none. Empty for catalog items"
+        ),
+    )
     failure_stage: str | None = field(default=None, metadata=_doc("stage that failed (defined below); null on PASS"))
     error: str | None = field(default=None, metadata=_doc("exception type and message, signal, or skip reason"))
     exclude_reason: str | None = field(default=None, metadata=_doc("catalog exclusion reason"))

@@ -1,0 +1,813 @@
+"""Public fixtures and markers: the pieces a catalog item is made of, for a user's own test.
+
+A test composes what it needs: ``neuron_cores`` (an exclusive lease, and the environment that pins
+a child process to it), ``neuron_model`` (the spec, from ``@pytest.mark.neuron_model``),
+``neuron_plan``, ``neuron_run`` (run.py on the device under the lease), ``neuron_reference`` (the
+same spec on CPU, cached) and ``neuron_judge``. What the fixtures saw is kept in the item's stash,
+and the test's report carries one row built from it (``plugin.ROW_PROPERTY`` in
+``user_properties``, so it travels from xdist workers like a catalog item's), with the test's node
+id in the ``test`` column and its outcome as the result.
+
+A session that collects no catalog resolves its settings only when a fixture first needs them (a
+plain ``pytest`` run where the plugin is installed probes nothing and writes nothing); the
+controller makes its results writer on the first row it receives.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import time
+import uuid
+from collections.abc import Generator, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, NoReturn
+
+import pytest
+
+from . import plugin as wiring
+from .caches import ReferenceCache
+from .catalog import CORE_COUNTS, DTYPES, TASKS, CatalogError, ModelSpec, cli_model
+from .checks import DEFAULT_MIN_COSINE, compare, compare_embeddings
+from .cores import SLICE_ENV, CorePool, Lease
+from .devices import DeviceKind
+from .execution import ProcessOutcome
+from .pipeline import (
+    Settings,
+    _failure,
+    _judge,
+    _ReferenceRun,
+    _stage_name,
+    _with_cache_counts,
+    _with_device_result,
+    base_row,
+    core_pool,
+    gate,
+    min_cosine_of,
+    plan_model,
+    planned_row,
+    run_spec,
+    scrub,
+    slug,
+)
+from .planning import Plan
+from .records import Row
+from .runscript import RunSpec, render_and_run
+
+#: The fixtures this module provides; a test that uses any of them gets a row.
+FIXTURES: tuple[str, ...] = (
+    "neuron_cores",
+    "neuron_model",
+    "neuron_plan",
+    "neuron_run",
+    "neuron_reference",
+    "neuron_judge",
+)
+#: ``@pytest.mark.neuron_model`` keywords: the catalog fields a test may set.
+MODEL_FIELDS: tuple[str, ...] = ("task", "revision", "dtype", "prompt", "cores", "trust_remote_code", "min_cosine")
+#: The ledger session of a session that runs no catalog, handed from the controller to its workers.
+WORKERINPUT_SESSION = "neuron_support_fixture_session"
+#: Characters of a failed test's exception kept in its row.
+ERROR_CHARS = 4000
+
+#: Settings resolved on first use in a session that runs no catalog (a sweep has its own).
+lazy_settings_key = pytest.StashKey[Settings]()
+#: This session's id in the host-wide core ledger (the controller's, on every worker).
+session_id_key = pytest.StashKey[str]()
+#: What the neuron fixtures of one item saw, for its row.
+evidence_key = pytest.StashKey["Evidence"]()
+
+
+class MarkerError(ValueError):
+    """A ``neuron_model`` / ``neuron_cores`` marker that cannot be used, with the fix."""
+
+
+@pytest.hookimpl(trylast=True)  # after plugin.pytest_configure: it decides whether a sweep writes rows
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "neuron_cores(n): the neuron_cores fixture leases n cores for this test (default: the model's plan, else 1)",
+    )
+    config.addinivalue_line(
+        "markers",
+        "neuron_model(id, *, prompt=None, task='text-generation', revision='main', dtype='bfloat16', cores=None, "
+        "trust_remote_code=False, min_cosine=None): the model the neuron_model, neuron_run and neuron_reference "
+        "fixtures check (a Hub id org/name, or ./dir for a local checkpoint)",
+    )
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None:
+        config.stash[session_id_key] = workerinput.get(WORKERINPUT_SESSION) or uuid.uuid4().hex[:12]
+        return
+    config.stash[session_id_key] = uuid.uuid4().hex[:12]
+    if wiring.writer_key not in config.stash:
+        config.pluginmanager.register(LazyResults(config), "neuron-support-fixture-results")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """xdist controller: every worker leases under this session's id, so --neuron-cores caps them together."""
+    node.workerinput[WORKERINPUT_SESSION] = node.config.stash[session_id_key]
+
+
+def session_settings(config: pytest.Config) -> Settings:
+    """The session's settings: a sweep's, else resolved here once (device, pool, ledger) from the options."""
+    settings = config.stash.get(wiring.settings_key, None) or config.stash.get(lazy_settings_key, None)
+    if settings is None:
+        options = config.stash[wiring.options_key]
+        resolved = replace(wiring._resolve_device(options), session=config.stash[session_id_key])
+        settings = wiring._settings(options, resolved)
+        config.stash[lazy_settings_key] = settings
+    return settings
+
+
+class LazyResults:
+    """Controller of a session without a catalog: the results writer, made when the first row arrives
+    (so a session whose tests use no neuron fixture writes nothing and resolves no device)."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.writer: wiring.ResultsWriter | None = None
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if self.writer is None:
+            if wiring._row_from_report(report) is None:
+                return
+            self.writer = wiring.ResultsWriter(session_settings(self.config), ())
+        self.writer.pytest_runtest_logreport(report)
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if self.writer is not None:
+            self.writer.pytest_sessionfinish(session)
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if self.writer is not None:
+            self.writer.pytest_terminal_summary(terminalreporter)
+
+
+def pinning_env(device: DeviceKind, first: int, count: int) -> dict[str, str]:
+    """The environment that keeps a child process on cores ``first .. first+count-1``: the device's own
+    variable (``NEURON_RT_VISIBLE_CORES=8-9``; none on cpu), and :data:`~.cores.SLICE_ENV` on every
+    device, so a pytest session started in the child leases only inside the lease."""
+    span = str(first) if count == 1 else f"{first}-{first + count - 1}"
+    return {SLICE_ENV: span, **device.pin_cores(first, count)}
+
+
+class CoreLease:
+    """An exclusive lease of host cores (host numbering), held from the host-wide core ledger.
+
+    Attributes:
+        device: the device kind the cores belong to.
+        cores: the leased cores, contiguous.
+        env: what a child process needs in its environment to be pinned to them
+            (``subprocess.run(..., env={**os.environ, **lease.env})``).
+        acquired: epoch seconds the lease was granted.
+        released_at: epoch seconds it was released, None while held.
+    """
+
+    def __init__(self, pool: CorePool, lease: Lease, device: DeviceKind) -> None:
+        self._pool = pool
+        self._lease = lease
+        self.device = device.name
+        self.cores: tuple[int, ...] = tuple(lease.cores)
+        self.env: Mapping[str, str] = MappingProxyType(pinning_env(device, lease.first, lease.count))
+        self.acquired = lease.acquired
+        self.released_at: float | None = None
+
+    @property
+    def first(self) -> int:
+        return self._lease.first
+
+    @property
+    def count(self) -> int:
+        return self._lease.count
+
+    @property
+    def released(self) -> bool:
+        return self.released_at is not None
+
+    def release(self) -> None:
+        """Hand the cores back now (idempotent): the test is done with them before its teardown."""
+        if self.released_at is None:
+            self._pool.release(self._lease)
+            self.released_at = time.time()
+
+    def __enter__(self) -> CoreLease:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def __repr__(self) -> str:
+        state = "released" if self.released else "held"
+        return f"<CoreLease {self.device} cores {self.cores[0]}-{self.cores[-1]} ({state})>"
+
+
+@dataclass(frozen=True)
+class Timings:
+    """Seconds of one device run (None where run.py did not get that far).
+
+    Attributes:
+        run_s: the whole run.py process, compile included.
+        load_s: ``from_pretrained``.
+        first_generate_s: the first ``generate()`` (it compiles).
+        generate_s: the second, warm ``generate()``.
+        compile_s: first minus second: the compile cost.
+    """
+
+    run_s: float
+    load_s: float | None
+    first_generate_s: float | None
+    generate_s: float | None
+    compile_s: float | None
+
+
+@dataclass(frozen=True)
+class DeviceRun:
+    """One run.py of a model spec on the device, under the test's lease.
+
+    Attributes:
+        spec: what run.py was rendered from.
+        runscript: the exact run.py that ran (``python3 run.py`` reproduces it).
+        directory: where run.py, result.json and log.txt are.
+        result: run.py's JSON result (None when it wrote none: killed, crashed).
+        status: ``ok``, else ``ERROR`` or ``TIMEOUT``.
+        stage: the stage that failed (``load``, ``compile``, ``generate``), None when ok.
+        error: the exception or signal, None when ok.
+        timings: how long it took, and where.
+    """
+
+    spec: RunSpec
+    runscript: str
+    directory: Path
+    result: Mapping[str, Any] | None
+    status: str
+    stage: str | None
+    error: str | None
+    timings: Timings
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    @property
+    def tokens(self) -> list[int]:
+        """The greedy tokens of the first ``generate()``."""
+        return [int(t) for t in (self.result or {}).get("tokens") or ()]
+
+    @property
+    def tokens_again(self) -> list[int]:
+        """The tokens of the warm second ``generate()`` (equal to :attr:`tokens` on a healthy device)."""
+        return [int(t) for t in (self.result or {}).get("tokens_again") or ()]
+
+    @property
+    def text(self) -> str:
+        return str((self.result or {}).get("text") or "")
+
+    @property
+    def embeddings(self) -> list[list[float]]:
+        """Embedding tasks: one vector per sentence."""
+        return [list(v) for v in (self.result or {}).get("embeddings") or ()]
+
+    @property
+    def commit(self) -> str | None:
+        """The commit the revision resolved to (a cached CPU reference must be of the same one)."""
+        value = (self.result or {}).get("commit")
+        return None if value is None else str(value)
+
+
+@dataclass(frozen=True)
+class CpuReference:
+    """The same spec on CPU, eager, in the reference dtype: from the reference cache or a run of its own.
+
+    Attributes:
+        spec: what its run.py was rendered from.
+        directory: where that run.py, result.json and log.txt are (when it ran).
+        result: its JSON result.
+        cached: it came from the reference cache (same key, same commit as the device run).
+        wall_s: seconds it took here (0 when cached).
+    """
+
+    spec: RunSpec
+    directory: Path
+    result: Mapping[str, Any]
+    cached: bool
+    wall_s: float
+
+    @property
+    def tokens(self) -> list[int]:
+        return [int(t) for t in self.result.get("tokens") or ()]
+
+    @property
+    def text(self) -> str:
+        return str(self.result.get("text") or "")
+
+    @property
+    def embeddings(self) -> list[list[float]]:
+        return [list(v) for v in self.result.get("embeddings") or ()]
+
+
+@dataclass(frozen=True)
+class JudgeVerdict:
+    """What the fluency judge said about one text.
+
+    Attributes:
+        text: the text judged.
+        fluent: the cheap checks passed and the judge's P(yes) reached its threshold.
+        verdict: ``fluent``, ``not fluent`` or ``precheck: <why>``.
+        score: the judge's P(yes | yes or no), None when a cheap check decided.
+        judge_model / judge_revision: the judge (its resolved revision).
+    """
+
+    text: str
+    fluent: bool
+    verdict: str
+    score: float | None
+    judge_model: str
+    judge_revision: str
+
+
+class Judge:
+    """The session's fluency judge (``--judge-model``): call it with a text or a :class:`DeviceRun`."""
+
+    def __init__(self, settings: Settings, workdir: Path, environ: Mapping[str, str], evidence: Evidence) -> None:
+        self.settings = settings
+        self.model = settings.judge_model
+        self.revision = settings.judge_revision
+        self._workdir = workdir
+        self._environ = environ
+        self._evidence = evidence
+
+    def __call__(self, subject: str | DeviceRun) -> JudgeVerdict:
+        if isinstance(subject, DeviceRun):
+            text, tokens, result = subject.text, tuple(subject.tokens), subject.result or {}
+        else:
+            text, tokens, result = subject, (), {}
+        probe = Row(model_id=self.model, result="PASS", text=text, tokens=tokens)
+        judged, failure = _judge(probe, self.settings, self._workdir, self._environ, result)
+        if failure and failure["result"] != "FAIL":  # the judge itself broke: not a verdict on the text
+            self._evidence.failure = (failure["result"], "judge", str(failure["error"]))
+            pytest.fail(f"the judge {self.model} failed: {failure['error']}", pytrace=False)
+        verdict = JudgeVerdict(
+            text=text,
+            fluent=not failure,
+            verdict=str(judged.judge_verdict),
+            score=judged.judge_score,
+            judge_model=self.model,
+            judge_revision=str(judged.judge_revision),
+        )
+        self._evidence.verdicts.append(verdict)
+        return verdict
+
+
+@dataclass
+class Evidence:
+    """What one item's neuron fixtures saw (mutable: filled in as they run, read for its row).
+
+    Attributes:
+        model / plan / lease / run / reference: what each fixture produced.
+        verdicts: every judge call, in order (the row keeps the last).
+        failure: (result, stage, error) a fixture recorded before failing the test.
+        skip_stage: the stage that skipped the test (``plan``: more cores than the pool).
+        gated: the catalog's row for a model that must not run (remote code not allowed): the test's
+            row is that EXCLUDED row.
+        reference_run: the CPU reference started beside the device run.
+    """
+
+    model: ModelSpec | None = None
+    plan: Plan | None = None
+    lease: CoreLease | None = None
+    run: DeviceRun | None = None
+    reference: CpuReference | None = None
+    verdicts: list[JudgeVerdict] = field(default_factory=list)
+    failure: tuple[str, str, str] | None = None
+    skip_stage: str | None = None
+    gated: Row | None = None
+    reference_run: _ReferenceRun | None = None
+
+
+def evidence_of(item: pytest.Item) -> Evidence:
+    if evidence_key not in item.stash:
+        item.stash[evidence_key] = Evidence()
+    return item.stash[evidence_key]
+
+
+def model_from_marker(args: Sequence[Any], kwargs: Mapping[str, Any]) -> ModelSpec:
+    """The :class:`ModelSpec` of ``@pytest.mark.neuron_model(id, **fields)``; :class:`MarkerError` says
+    what is wrong with it."""
+    if len(args) != 1 or not isinstance(args[0], str):
+        raise MarkerError(f"neuron_model takes one model id, e.g. neuron_model('org/name'); got {tuple(args)!r}")
+    try:
+        model = cli_model(args[0])
+    except CatalogError as exc:
+        raise MarkerError(f"neuron_model({args[0]!r}): {exc}".replace("--model: ", "")) from None
+    unknown = sorted(set(kwargs) - set(MODEL_FIELDS))
+    if unknown:
+        raise MarkerError(f"neuron_model: unknown field(s) {', '.join(unknown)}; use {', '.join(MODEL_FIELDS)}")
+    allowed: Mapping[str, Sequence[object]] = {"task": TASKS, "dtype": DTYPES, "cores": (None, *CORE_COUNTS)}
+    for name, choices in allowed.items():
+        if name in kwargs and kwargs[name] not in choices:
+            shown = ", ".join(str(c) for c in choices if c is not None)
+            raise MarkerError(f"neuron_model: {name}={kwargs[name]!r} is not allowed; use one of {shown}")
+    prompt = kwargs.get("prompt")
+    if prompt is not None and (not isinstance(prompt, str) or not prompt.strip()):
+        raise MarkerError(f"neuron_model: prompt={prompt!r} must be non-empty text (or leave it out: --prompt)")
+    return replace(model, **dict(kwargs), source="test")
+
+
+def marker_cores(item: pytest.Item) -> int | None:
+    """``@pytest.mark.neuron_cores(n)``'s n, None without the marker."""
+    mark = item.get_closest_marker("neuron_cores")
+    if mark is None:
+        return None
+    count = mark.args[0] if len(mark.args) == 1 and not mark.kwargs else None
+    if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+        raise MarkerError(f"neuron_cores takes one core count, e.g. neuron_cores(2); got {mark.args!r}")
+    return count
+
+
+def _fail_marker(exc: MarkerError) -> NoReturn:
+    pytest.fail(str(exc), pytrace=False)
+
+
+def _wants_model(request: pytest.FixtureRequest) -> bool:
+    node: pytest.Item = request.node
+    return (
+        "neuron_model" in request.fixturenames
+        or node.get_closest_marker("neuron_model") is not None
+        or wiring.model_key in node.stash
+    )
+
+
+def _workdir(settings: Settings, item: pytest.Item) -> Path:
+    """A user test's runs live beside the catalog's, under ``runs/tests/<node id>/<device>``."""
+    return settings.results_dir / "runs" / "tests" / slug(item.nodeid) / settings.device.name
+
+
+@pytest.fixture
+def neuron_model(request: pytest.FixtureRequest) -> ModelSpec:
+    """The model spec (``catalog.ModelSpec``) this test checks.
+
+    From ``@pytest.mark.neuron_model("org/name", prompt=..., task=..., dtype=..., revision=..., cores=...)``
+    (a Hub id, or ``./dir`` for a local checkpoint), from indirect parametrization
+    (``@pytest.mark.parametrize("neuron_model", ["org/a", "org/b"], indirect=True)``), or a catalog
+    item's entry. A model that needs remote code runs only with ``trust_remote_code=True`` and
+    ``--allow-remote-code``; otherwise the test is skipped saying so.
+    """
+    node: pytest.Item = request.node
+    evidence = evidence_of(node)
+    model = node.stash.get(wiring.model_key, None)
+    param = getattr(request, "param", None)
+    try:
+        if model is None and isinstance(param, ModelSpec):
+            model = param
+        elif model is None and isinstance(param, str):
+            model = model_from_marker((param,), {})
+        elif model is None:
+            mark = node.get_closest_marker("neuron_model")
+            if mark is None:
+                raise MarkerError(
+                    "neuron_model needs a model: mark the test with @pytest.mark.neuron_model('org/name', prompt=...)"
+                )
+            model = model_from_marker(mark.args, mark.kwargs)
+    except MarkerError as exc:
+        _fail_marker(exc)
+    assert model is not None
+    evidence.model = model
+    gated = gate(model, session_settings(request.config))
+    if gated is not None:
+        evidence.gated = gated
+        pytest.skip(str(gated.error))
+    return model
+
+
+@pytest.fixture
+def neuron_plan(request: pytest.FixtureRequest, neuron_model: ModelSpec) -> Plan:
+    """The model's plan (``planning.Plan``: cores, tp_size, ep_size, reason), as a catalog item gets it.
+
+    ``@pytest.mark.neuron_cores(n)`` overrides the core count, checked against the same rules. A plan
+    that cannot run (more cores than ``--max-cores``, a model that cannot be sharded) skips the test
+    with the planner's reason.
+    """
+    node: pytest.Item = request.node
+    evidence = evidence_of(node)
+    plan = node.stash.get(wiring.plan_key, None)
+    if plan is None:
+        try:
+            count = marker_cores(node)
+        except MarkerError as exc:
+            _fail_marker(exc)
+        model = neuron_model if count is None else replace(neuron_model, cores=count)
+        plan, _ = plan_model(model, session_settings(request.config))
+    evidence.plan = plan
+    if plan.skip is not None:
+        evidence.skip_stage = "plan"
+        pytest.skip(f"plan: {plan.skip}")
+    return plan
+
+
+@pytest.fixture
+def neuron_cores(request: pytest.FixtureRequest) -> Iterator[CoreLease]:
+    """An exclusive lease of N contiguous cores from the host-wide core ledger (a ``CoreLease``).
+
+    N is ``@pytest.mark.neuron_cores(N)``, else the model's plan when the test checks a model, else 1.
+    ``lease.cores`` are the cores (host numbering) and ``lease.env`` the environment that pins a child
+    process to them: ``subprocess.run(cmd, env={**os.environ, **lease.env})``. No other test, worker or
+    session on the host gets these cores while the lease is held. It is released at teardown, or as
+    soon as the test calls ``lease.release()`` (or leaves ``with lease:``). A test that asks for more
+    cores than the pool has is skipped, never left waiting.
+    """
+    node: pytest.Item = request.node
+    evidence = evidence_of(node)
+    settings = session_settings(request.config)
+    try:
+        count = marker_cores(node)
+    except MarkerError as exc:
+        _fail_marker(exc)
+    if count is None:
+        count = request.getfixturevalue("neuron_plan").cores if _wants_model(request) else 1
+    assert count is not None
+    pool = core_pool(settings)
+    fits = pool.largest_block()
+    if count > fits:
+        evidence.skip_stage = "plan"
+        pytest.skip(
+            f"needs {count} cores but the pool has {settings.pool_cores}"
+            + (f" (at most {fits} contiguous)" if fits < settings.pool_cores else "")
+            + f"; pass --neuron-cores={count} or more on a machine that has them"
+        )
+    # Leases are granted in cost order, like catalog items (a catalog item's cost, else none).
+    priority = node.stash.get(wiring.cost_key, 0.0)
+    lease = CoreLease(pool, pool.acquire(count, holder=node.nodeid, priority=priority), settings.device)
+    evidence.lease = lease
+    try:
+        yield lease
+    finally:
+        lease.release()
+
+
+def _asks_for_lease(request: pytest.FixtureRequest) -> bool:
+    """Whether the test function itself takes ``neuron_cores`` (not only through ``neuron_run``)."""
+    function = getattr(request, "function", None)
+    return function is not None and "neuron_cores" in inspect.signature(function).parameters
+
+
+def _device_run(spec: RunSpec, source: str, outcome: ProcessOutcome, directory: Path) -> DeviceRun:
+    result = outcome.result
+    first_s = None if result is None else result.get("first_generate_s")
+    second_s = None if result is None else result.get("generate_s")
+    timings = Timings(
+        run_s=round(outcome.wall_s, 3),
+        load_s=None if result is None else result.get("load_s"),
+        first_generate_s=first_s,
+        generate_s=second_s,
+        compile_s=round(first_s - second_s, 3) if first_s is not None and second_s is not None else None,
+    )
+    if result is not None and result.get("ok"):
+        return DeviceRun(spec, source, directory, result, "ok", None, None, timings)
+    status, stage, error = _failure(outcome, "run.py")
+    return DeviceRun(spec, source, directory, result, status, _stage_name(stage, False), scrub(error) or "", timings)
+
+
+@pytest.fixture
+def neuron_run(
+    request: pytest.FixtureRequest, neuron_model: ModelSpec, neuron_plan: Plan, neuron_cores: CoreLease
+) -> DeviceRun:
+    """The model spec run on the device under the test's lease (a ``DeviceRun``), before the test body.
+
+    run.py is rendered as for a catalog item (its ``SPEC`` holds every setting, the
+    ``pytest_neuron_support_post_load`` hook included) and run isolated in a process group of its own
+    under ``--model-timeout``; it lives in ``<results>/runs/tests/<test>/<device>/device/``. The result:
+    ``tokens``, ``tokens_again`` (the warm second generate), ``text``, ``embeddings``, ``timings``
+    (run, load, compile, generate seconds), ``runscript`` and the raw ``result``. A run that does not
+    finish fails the test (ERROR at its stage, with the exception). The cores are handed back when the
+    run ends, unless the test takes ``neuron_cores`` itself (then they are its own until teardown or
+    ``release()``).
+    """
+    node: pytest.Item = request.node
+    config = request.config
+    evidence = evidence_of(node)
+    settings = session_settings(config)
+    workdir = _workdir(settings, node)
+    environ = dict(os.environ)
+    if "neuron_reference" in request.fixturenames and evidence.reference_run is None:
+        # The CPU reference needs no cores: it runs beside the device run (unless the cache has it).
+        evidence.reference_run = _ReferenceRun(neuron_model, settings, workdir, environ)
+    post_load = config.hook.pytest_neuron_support_post_load(config=config, model=neuron_model) or ""
+    spec = run_spec(
+        neuron_model, settings, device=settings.device, reference=False, post_load=post_load, plan=neuron_plan
+    )
+    device_env = {**environ, **neuron_cores.env}
+    if settings.compile_cache is not None:
+        device_env[settings.device.compile_cache_env] = str(settings.compile_cache)
+    try:
+        source, outcome = render_and_run(
+            spec,
+            workdir / "device",
+            env=device_env,
+            timeout=settings.model_timeout,
+            memory_limit=settings.host_memory_limit,
+        )
+    except BaseException:
+        if evidence.reference_run is not None:
+            evidence.reference_run.cancel()
+        raise
+    finally:
+        if not _asks_for_lease(request):
+            neuron_cores.release()  # the checks after the run need no cores
+    run = _device_run(spec, source, outcome, workdir / "device")
+    evidence.run = run
+    if not run.ok:
+        if evidence.reference_run is not None:
+            evidence.reference_run.cancel()
+        evidence.failure = (run.status, str(run.stage), str(run.error))
+        pytest.fail(
+            f"{run.status} at stage {run.stage}: {run.error}\n(run.py, result.json, log.txt: {run.directory})",
+            pytrace=False,
+        )
+    return run
+
+
+@pytest.fixture
+def neuron_reference(request: pytest.FixtureRequest, neuron_model: ModelSpec) -> CpuReference:
+    """The CPU reference of the test's model spec (a ``CpuReference``): the same run.py on CPU, eager,
+    in ``--reference-dtype`` (default the model's), same prompt and token count.
+
+    Cached like a catalog item's reference (``--reference-cache``, keyed by model, revision, dtype,
+    prompt, tokens and the CPU stack; with ``neuron_run`` an entry must be of the commit the device
+    run loaded). Beside ``neuron_run`` it runs while the device run does. ``tokens``, ``text``,
+    ``embeddings``, ``cached``, ``wall_s``, the raw ``result``. A reference that fails fails the test
+    (ERROR at stage ``reference``).
+    """
+    node: pytest.Item = request.node
+    evidence = evidence_of(node)
+    settings = session_settings(request.config)
+    commit = request.getfixturevalue("neuron_run").commit if "neuron_run" in request.fixturenames else None
+    workdir = _workdir(settings, node)
+    run = evidence.reference_run or _ReferenceRun(neuron_model, settings, workdir, dict(os.environ))
+    cache = ReferenceCache(settings.reference_cache) if settings.reference_cache is not None else None
+    cached = cache.get(run.key, commit) if cache is not None and commit is not None else None
+    if cached is not None:
+        run.cancel()
+        reference = CpuReference(run.spec, workdir / "reference", cached, True, 0.0)
+    else:
+        outcome = run.outcome()
+        if outcome.result is None or not outcome.result.get("ok"):
+            status, _, error = _failure(outcome, "CPU reference run.py")
+            evidence.failure = (status, "reference", scrub(error) or "")
+            pytest.fail(f"{status} at stage reference: {scrub(error)}", pytrace=False)
+        if cache is not None:
+            cache.put(run.key, outcome.result)
+        reference = CpuReference(run.spec, workdir / "reference", outcome.result, False, round(outcome.wall_s, 3))
+    evidence.reference = reference
+    return reference
+
+
+@pytest.fixture
+def neuron_judge(request: pytest.FixtureRequest) -> Judge:
+    """The fluency judge (a ``Judge``): ``neuron_judge(neuron_run)`` or ``neuron_judge("some text")``
+    returns a ``JudgeVerdict`` (``fluent``, ``verdict``, ``score``).
+
+    Cheap checks first (empty text, one token repeated, special tokens in place of text), then
+    ``--judge-model`` (default ``Qwen/Qwen2.5-0.5B-Instruct``) on CPU in its own process as a
+    standalone judge.py. A judge that cannot run fails the test (ERROR at stage ``judge``).
+    """
+    node: pytest.Item = request.node
+    settings = session_settings(request.config)
+    return Judge(settings, _workdir(settings, node), dict(os.environ), evidence_of(node))
+
+
+def _uses_fixtures(item: pytest.Item) -> bool:
+    return not set(FIXTURES).isdisjoint(getattr(item, "fixturenames", ()))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
+    """The row of a test that used the neuron fixtures rides on the report of the phase that decided
+    it (the call, or a setup that failed or skipped), as a catalog item's does."""
+    report: pytest.TestReport = yield
+    deciding = report.when == "call" or (report.when == "setup" and report.outcome != "passed")
+    if deciding and _uses_fixtures(item):
+        try:
+            settings = session_settings(item.config)
+        except pytest.UsageError:  # the session cannot run anything; the setup error says why
+            return report
+        row = user_row(item, evidence_of(item), report, call, settings)
+        report.user_properties.append((wiring.ROW_PROPERTY, row.to_json()))
+    return report
+
+
+def _skip_reason(report: pytest.TestReport) -> str:
+    longrepr = report.longrepr
+    if isinstance(longrepr, tuple) and len(longrepr) == 3:
+        return str(longrepr[2]).removeprefix("Skipped: ")
+    return str(getattr(report, "wasxfail", "") or longrepr or "")
+
+
+def user_row(
+    item: pytest.Item, evidence: Evidence, report: pytest.TestReport, call: pytest.CallInfo[None], settings: Settings
+) -> Row:
+    """The row of a user's own test: identity (the model's, else the test's), plan, lease, the device
+    run, the reference and the judge as its fixtures saw them, and the test's outcome as the result."""
+    model = evidence.model
+    if model is not None and evidence.plan is not None:
+        row = planned_row(model, settings, evidence.plan)
+    elif model is not None:
+        row = base_row(model, settings)
+    else:
+        # No model: the test is the subject (its own process on leased cores, say).
+        row = replace(
+            base_row(ModelSpec(id=item.nodeid, source="test"), settings),
+            task="",
+            dtype="",
+            prompt=None,
+            max_new_tokens=None,
+        )
+    row = replace(row, test=item.nodeid, source="test", verdict_basis="test")
+    lease = evidence.lease
+    if lease is not None:
+        row = replace(
+            row,
+            neuron_cores=lease.count,
+            first_core=lease.first,
+            lease_start=round(lease.acquired, 3),
+            # A lease the test still holds is released at its teardown, right after this report.
+            lease_end=round(lease.released_at if lease.released_at is not None else report.stop, 3),
+        )
+    run = evidence.run
+    if run is not None:
+        row = replace(row, runscript=run.runscript, run_s=run.timings.run_s)
+        if run.result is not None:
+            row = _with_cache_counts(_with_device_result(row, run.result), run.result)
+    reference = evidence.reference
+    if reference is not None:
+        row = replace(
+            row,
+            reference_dtype=reference.spec.dtype,
+            reference_s=reference.wall_s,
+            reference_cached=reference.cached,
+            reference_tokens=tuple(reference.tokens),
+        )
+        if run is not None and run.ok and run.spec.sentences:
+            threshold = min_cosine_of(model) if model is not None else DEFAULT_MIN_COSINE
+            cosines = compare_embeddings(run.embeddings, reference.embeddings, threshold)
+            row = replace(
+                row,
+                reference_match=cosines.match,
+                min_cosine=None if cosines.min_cosine is None else round(cosines.min_cosine, 8),
+                cosine_threshold=threshold,
+            )
+        if run is not None and run.ok and not run.spec.sentences:
+            parity = compare(
+                run.tokens,
+                reference.tokens,
+                (run.result or {}).get("top_logprobs", ()),
+                reference.result.get("top_logprobs", ()),
+            )
+            row = replace(
+                row,
+                reference_match=parity.match,
+                near_tie=parity.near_tie,
+                matched_prefix=parity.matched_prefix,
+                first_divergence=parity.first_divergence,
+                device_token=parity.device_token,
+                reference_token=parity.reference_token,
+                logprob_gap=parity.logprob_gap,
+            )
+    if evidence.verdicts:
+        verdict = evidence.verdicts[-1]
+        row = replace(
+            row,
+            judge_model=verdict.judge_model,
+            judge_revision=verdict.judge_revision,
+            judge_verdict=verdict.verdict,
+            judge_score=verdict.score,
+        )
+    return replace(row, **_outcome_fields(evidence, report, call))
+
+
+def _outcome_fields(evidence: Evidence, report: pytest.TestReport, call: pytest.CallInfo[None]) -> dict[str, Any]:
+    """result, failure_stage, error (and verdict_basis where a run decided) from the test's outcome."""
+    if report.passed:
+        return {"result": "PASS", "failure_stage": None, "error": None}
+    if report.skipped and evidence.gated is not None:
+        gated = evidence.gated
+        return {
+            field: getattr(gated, field)
+            for field in ("result", "failure_stage", "verdict_basis", "exclude_reason", "exclude_note", "error")
+        }
+    if report.skipped:
+        return {"result": "SKIPPED", "failure_stage": evidence.skip_stage, "error": _skip_reason(report)}
+    if report.when == "setup" and evidence.failure is not None:
+        status, stage, error = evidence.failure
+        return {"result": status, "failure_stage": stage, "error": error[:ERROR_CHARS], "verdict_basis": "run"}
+    excinfo = call.excinfo
+    text = excinfo.exconly() if excinfo is not None else report.longreprtext
+    # An assertion that failed is a wrong answer (FAIL); anything else raised is an ERROR.
+    failed = report.when == "call" and excinfo is not None and isinstance(excinfo.value, AssertionError)
+    return {
+        "result": "FAIL" if failed else "ERROR",
+        "failure_stage": "test",
+        "error": (scrub(text) or "")[:ERROR_CHARS],
+    }
