@@ -16,9 +16,10 @@ never initialises a device (on neuron that would reserve every core until it exi
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -73,6 +74,8 @@ class DeviceKind:
             its cache keys and published NEFF caches spell it (``neuronxcc.__version__`` keeps the
             local label, ``+56dc5a86``, that the distribution's metadata may lack), or None where the
             device has no compiler of its own; evaluated only in :func:`compiler_version`'s subprocess.
+        host_counted: the kind's cores are counted on the host itself (cpu: ``os.cpu_count()``), so
+            choosing it needs no probe subprocess (no torch import in the pytest process's children).
         runtime_module: the Python package that registers the device with torch (``torch_neuronx``:
             torch autoloads it through the ``torch.backends`` entry point, and the table's expressions
             import it), or None where torch itself drives the device (cuda, cpu). ``neuron-support
@@ -100,6 +103,7 @@ class DeviceKind:
     max_pool: int | None = None
     compiler_version_expr: str | None = None
     runtime_module: str | None = None
+    host_counted: bool = False
 
     def pin_cores(self, first: int, count: int) -> dict[str, str]:
         """Environment that restricts a process to cores ``first .. first+count-1``."""
@@ -183,6 +187,7 @@ DEVICES: Mapping[str, DeviceKind] = MappingProxyType(
             # A cpu "core" in the pool is a slot for one rank, not a physical CPU.
             count_expr="__import__('os').cpu_count() or 1",
             max_pool=64,
+            host_counted=True,
         ),
     }
 )
@@ -294,3 +299,33 @@ def compiler_version(kind: DeviceKind, python: str = sys.executable, timeout: fl
     )
     lines = proc.stdout.strip().splitlines()
     return lines[-1].strip() if proc.returncode == 0 and lines else "none"
+
+
+class DeviceNotFound(Exception):
+    """``--device`` names a kind torch does not see on this host."""
+
+
+@dataclass(frozen=True)
+class FoundDevice:
+    """The device kind a session runs on, how many cores it shows, and one core's memory where the
+    kind reports it (None: the planner uses :func:`fallback_core_bytes`)."""
+
+    kind: DeviceKind
+    available: int
+    core_memory: int | None = None
+
+
+def find_device(choice: str, probe_devices: Callable[[], ProbeResult] | None = None) -> FoundDevice:
+    """``--device`` (``auto`` or a kind) resolved to a kind and its core count: host-counted kinds
+    (cpu) from the host, others through :func:`probe` (a throwaway subprocess). Raises
+    :class:`DeviceNotFound` when the chosen kind shows no core."""
+    if choice != "auto" and DEVICES[choice].host_counted:
+        return FoundDevice(DEVICES[choice], os.cpu_count() or 1)
+    seen = (probe_devices or probe)()
+    kind = DEVICES[seen.resolve(choice)]
+    available = (os.cpu_count() or 1) if kind.host_counted else seen.counts.get(kind.name, 0)
+    if available < 1:
+        raise DeviceNotFound(
+            f"--device={choice}: no {kind.name} device is visible to torch; install its runtime or pass --device=cpu"
+        )
+    return FoundDevice(kind, available, seen.core_memory.get(kind.name))

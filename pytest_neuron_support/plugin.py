@@ -35,7 +35,7 @@ from .dataset import (
     recover_parts,
     write_rows,
 )
-from .devices import AUTO_ORDER, DEVICES, compiler_version, fallback_core_bytes, probe
+from .devices import AUTO_ORDER, DEVICES, DeviceNotFound, compiler_version, fallback_core_bytes, find_device
 from .execution import end_with_parent
 from .pipeline import (
     Settings,
@@ -406,26 +406,14 @@ class Resolved:
 def _resolve_device(options: Options) -> Resolved:
     """The device kind, this session's slice of its cores, the pool, bytes per core and the
     compiler version, from the options and, where needed, probe subprocesses."""
-    core_memory: int | None = None
-    if options.device == "cpu":
-        available = os.cpu_count() or 1
-    else:
-        try:
-            seen = probe()
-        except Exception as exc:  # a broken torch install is the user's to fix, said plainly
-            raise pytest.UsageError(f"could not probe devices: {exc}") from None
-        name = seen.resolve(options.device)
-        core_memory = seen.core_memory.get(name)
-        if name == "cpu":
-            available = os.cpu_count() or 1
-        else:
-            available = seen.counts.get(name, 0)
-            if available < 1:
-                raise pytest.UsageError(
-                    f"--device={options.device}: no {name} device is visible to torch; "
-                    "install its runtime or pass --device=cpu"
-                )
-        options = Options(**{**options.__dict__, "device": name})
+    try:
+        found = find_device(options.device)
+    except DeviceNotFound as exc:
+        raise pytest.UsageError(str(exc)) from None
+    except Exception as exc:  # a broken torch install is the user's to fix, said plainly
+        raise pytest.UsageError(f"could not probe devices: {exc}") from None
+    core_memory, available = found.core_memory, found.available
+    options = Options(**{**options.__dict__, "device": found.kind.name})
     kind = DEVICES[options.device]
     # cpu "cores" are slots for ranks (max_pool of them), any number of which a session may use.
     try:

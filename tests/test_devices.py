@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from pytest_neuron_support.devices import DEVICES, NO_DEVICE_ENV, compiler_version, fallback_core_bytes
+import pytest
+
+from pytest_neuron_support.devices import DEVICES, NO_DEVICE_ENV, ProbeResult, compiler_version, fallback_core_bytes
 from pytest_neuron_support.pipeline import _cpu_env
 
 GIB = 1 << 30
@@ -25,3 +27,32 @@ def test_the_compiler_version_is_probed_only_where_a_device_has_a_compiler() -> 
     assert DEVICES["cpu"].compiler_version_expr is None and compiler_version(DEVICES["cpu"]) == "none"
     # No neuronx-cc here: the probe subprocess fails to import it and says so with "none".
     assert compiler_version(DEVICES["neuron"]) == "none"
+
+
+def test_find_device_counts_a_host_counted_kind_without_probing() -> None:
+    import os
+
+    from pytest_neuron_support.devices import find_device
+
+    def no_probe() -> ProbeResult:
+        raise AssertionError("cpu needs no probe subprocess")
+
+    found = find_device("cpu", no_probe)
+    assert found.kind is DEVICES["cpu"] and found.available == (os.cpu_count() or 1) and found.core_memory is None
+
+
+def test_find_device_auto_takes_the_first_kind_with_cores_and_its_memory() -> None:
+    from pytest_neuron_support.devices import find_device
+
+    seen = ProbeResult({"neuron": 64, "cuda": 0, "cpu": 2}, {"neuron": 24 << 30})
+    found = find_device("auto", lambda: seen)
+    assert (found.kind.name, found.available, found.core_memory) == ("neuron", 64, 24 << 30)
+    nothing = ProbeResult({"neuron": 0, "cuda": 0, "cpu": 2})
+    assert find_device("auto", lambda: nothing).kind.name == "cpu"
+
+
+def test_find_device_names_a_missing_kind_and_the_fix() -> None:
+    from pytest_neuron_support.devices import DeviceNotFound, find_device
+
+    with pytest.raises(DeviceNotFound, match=r"--device=cuda: no cuda device is visible.*--device=cpu"):
+        find_device("cuda", lambda: ProbeResult({"neuron": 0, "cuda": 0, "cpu": 2}))
