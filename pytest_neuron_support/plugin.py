@@ -699,7 +699,8 @@ class ModelItem(pytest.Item):
 def _row_from_report(report: pytest.TestReport) -> Row | None:
     # Every phase's report carries a catalog item's user_properties (read its call's); a user's test
     # attaches its row to the report that decided it: its call, or a setup that failed or skipped.
-    if report.when not in ("call", "setup"):
+    # xdist's report of a crashed worker (when "???") carries the row pytest_handlecrashitem made.
+    if report.when not in ("call", "setup", "???"):
         return None
     for name, value in report.user_properties:
         if name == ROW_PROPERTY:
@@ -725,19 +726,23 @@ class ResultsWriter:
         self.write_error: OSError | None = None
         self.rescued: Path | None = None
 
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_handlecrashitem(self, crashitem: str, report: pytest.TestReport, sched: Any) -> None:
+        """xdist: a worker died while running ``crashitem`` (its report follows). A catalog item's row
+        never reached the controller, so the controller writes one; the sweep goes on with a new worker."""
+        model = self.models.get(crashitem.rsplit("::", 1)[-1])  # a catalog item is named by its model id
+        if model is None:
+            return  # not a catalog item (a user's test attaches its own row; a plain test has none)
+        row = replace(
+            base_row(model, self.settings),
+            failure_stage="harness",
+            verdict_basis="run",
+            error=f"the pytest worker died while checking this model: {report.longrepr}",
+        )
+        report.user_properties.append((ROW_PROPERTY, row.to_json()))
+
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         row = _row_from_report(report)
-        if row is None and report.failed and report.when not in ("setup", "call", "teardown"):
-            # xdist reports a worker that died mid-item (when="???"): the item never attached a
-            # row, so the controller records one; the sweep goes on with a new worker.
-            model = self.models.get(report.nodeid.split("::", 1)[-1])
-            if model is not None:
-                row = replace(
-                    base_row(model, self.settings),
-                    failure_stage="harness",
-                    verdict_basis="run",
-                    error=f"the pytest worker died while checking this model: {report.longrepr}",
-                )
         if row is None:
             return
         self.rows.append(row)
