@@ -27,7 +27,9 @@ from typing import Any, NoReturn
 
 import pytest
 
-from . import plugin as wiring
+from . import controller, reporting
+from . import items as catalog_items
+from . import options as cli_options
 from .caches import ReferenceCache
 from .catalog import CORE_COUNTS, DTYPES, TASKS, CatalogError, ModelSpec, cli_model
 from .checks import DEFAULT_MIN_COSINE, compare, compare_embeddings
@@ -101,7 +103,7 @@ def pytest_configure(config: pytest.Config) -> None:
         config.stash[session_id_key] = workerinput.get(WORKERINPUT_SESSION) or uuid.uuid4().hex[:12]
         return
     config.stash[session_id_key] = uuid.uuid4().hex[:12]
-    if wiring.writer_key not in config.stash:
+    if reporting.writer_key not in config.stash:
         config.pluginmanager.register(LazyResults(config), "neuron-support-fixture-results")
 
 
@@ -113,11 +115,11 @@ def pytest_configure_node(node: Any) -> None:
 
 def session_settings(config: pytest.Config) -> Settings:
     """The session's settings: a sweep's, else resolved here once (device, pool, ledger) from the options."""
-    settings = config.stash.get(wiring.settings_key, None) or config.stash.get(lazy_settings_key, None)
+    settings = config.stash.get(controller.settings_key, None) or config.stash.get(lazy_settings_key, None)
     if settings is None:
-        options = config.stash[wiring.options_key]
-        resolved = replace(wiring._resolve_device(options), session=config.stash[session_id_key])
-        settings = wiring._settings(options, resolved)
+        options = config.stash[cli_options.options_key]
+        resolved = replace(controller.resolve_device(options), session=config.stash[session_id_key])
+        settings = controller.settings_for(options, resolved)
         config.stash[lazy_settings_key] = settings
     return settings
 
@@ -128,13 +130,13 @@ class LazyResults:
 
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
-        self.writer: wiring.ResultsWriter | None = None
+        self.writer: reporting.ResultsWriter | None = None
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if self.writer is None:
-            if wiring._row_from_report(report) is None:
+            if reporting.row_from_report(report) is None:
                 return
-            self.writer = wiring.ResultsWriter(session_settings(self.config), ())
+            self.writer = reporting.ResultsWriter(session_settings(self.config), ())
         self.writer.pytest_runtest_logreport(report)
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
@@ -436,7 +438,7 @@ def _wants_model(request: pytest.FixtureRequest) -> bool:
     return (
         "neuron_model" in request.fixturenames
         or node.get_closest_marker("neuron_model") is not None
-        or wiring.model_key in node.stash
+        or catalog_items.model_key in node.stash
     )
 
 
@@ -457,7 +459,7 @@ def neuron_model(request: pytest.FixtureRequest) -> ModelSpec:
     """
     node: pytest.Item = request.node
     evidence = evidence_of(node)
-    model = node.stash.get(wiring.model_key, None)
+    model = node.stash.get(catalog_items.model_key, None)
     param = getattr(request, "param", None)
     try:
         if model is None and isinstance(param, ModelSpec):
@@ -492,7 +494,7 @@ def neuron_plan(request: pytest.FixtureRequest, neuron_model: ModelSpec) -> Plan
     """
     node: pytest.Item = request.node
     evidence = evidence_of(node)
-    plan = node.stash.get(wiring.plan_key, None)
+    plan = node.stash.get(catalog_items.plan_key, None)
     if plan is None:
         try:
             count = marker_cores(node)
@@ -538,7 +540,7 @@ def neuron_cores(request: pytest.FixtureRequest) -> Iterator[CoreLease]:
             + f"; pass --neuron-cores={count} or more on a machine that has them"
         )
     # Leases are granted in cost order, like catalog items (a catalog item's cost, else none).
-    priority = node.stash.get(wiring.cost_key, 0.0)
+    priority = node.stash.get(catalog_items.cost_key, 0.0)
     lease = CoreLease(pool, pool.acquire(count, holder=node.nodeid, priority=priority), settings.device)
     evidence.lease = lease
     try:
@@ -694,7 +696,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         except pytest.UsageError:  # the session cannot run anything; the setup error says why
             return report
         row = user_row(item, evidence_of(item), report, call, settings)
-        report.user_properties.append((wiring.ROW_PROPERTY, row.to_json()))
+        report.user_properties.append((reporting.ROW_PROPERTY, row.to_json()))
     return report
 
 

@@ -1,0 +1,256 @@
+"""The session's setup, once: options and catalog read, the device probed (on the controller only),
+settings built, the results folder checked, caches cleaned, parts of a killed session recovered,
+resume data loaded; and, on the xdist controller only (like xdist's own ``DSession``), the plugin
+that hands the resolved device to every worker (``workerinput``) and makes the scheduler.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .caches import clean_compile_cache
+from .catalog import CatalogError, ModelSpec, load_catalog, merge_models
+from .checks import DEFAULT_JUDGE
+from .cores import session_cores
+from .dataset import (
+    check_writable,
+    read_dataset,
+    recover_parts,
+)
+from .devices import DEVICES, DeviceNotFound, compiler_version, fallback_core_bytes, find_device
+from .execution import end_with_parent
+from .options import Options, options_key, parse_options
+from .pipeline import (
+    Settings,
+    read_self_check,
+)
+from .records import current_stack
+from .reporting import ResultsWriter, writer_key
+
+WORKERINPUT_KEY = "neuron_support"
+
+resolved_key = pytest.StashKey["Resolved"]()
+settings_key = pytest.StashKey[Settings]()
+catalog_key = pytest.StashKey[tuple[ModelSpec, ...]]()
+#: (model id, device) -> (result, settings hash) of rows already in the dataset (--resume).
+recorded_key = pytest.StashKey[dict[tuple[str, str], tuple[str, str]]]()
+
+
+def _sweep_requested(config: pytest.Config, options: Options) -> bool:
+    """Whether this session will collect the catalog (so the device must be resolved)."""
+    if options.models_file_explicit or options.extra_models:
+        return True
+    target = options.models_file
+    for arg in config.args:
+        path = Path(arg.split("::")[0]).resolve()
+        if path == target or (path.is_dir() and target.is_relative_to(path)):
+            return True
+    return False
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """What the controller finds out once and hands to every xdist worker (``workerinput``).
+
+    Attributes:
+        device: the device kind runs use.
+        cores: the host cores this session may lease (its slice, host numbering).
+        pool: most cores it holds at once (``--neuron-cores``, default the whole slice).
+        core_bytes: memory of one core the planner fills.
+        neuronx_cc: the device compiler's version (its own ``__version__``), ``none`` off Trainium.
+        session: this session's id in the host-wide core ledger.
+        self_check: the host's doctor self-check of this device found in the results folder, or None.
+    """
+
+    device: str
+    cores: tuple[int, ...]
+    pool: int
+    core_bytes: int
+    neuronx_cc: str
+    session: str
+    self_check: str | None = None
+
+    def to_workerinput(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "cores": list(self.cores)}
+
+    @classmethod
+    def from_workerinput(cls, data: dict[str, Any]) -> Resolved:
+        return cls(**{**data, "cores": tuple(data["cores"])})
+
+
+def resolve_device(options: Options) -> Resolved:
+    """The device kind, this session's slice of its cores, the pool, bytes per core and the
+    compiler version, from the options and, where needed, probe subprocesses."""
+    try:
+        found = find_device(options.device)
+    except DeviceNotFound as exc:
+        raise pytest.UsageError(str(exc)) from None
+    except Exception as exc:  # a broken torch install is the user's to fix, said plainly
+        raise pytest.UsageError(f"could not probe devices: {exc}") from None
+    core_memory, available = found.core_memory, found.available
+    options = Options(**{**options.__dict__, "device": found.kind.name})
+    kind = DEVICES[options.device]
+    # cpu "cores" are slots for ranks (max_pool of them), any number of which a session may use.
+    try:
+        cores = session_cores(kind.visible_env_vars, kind.max_pool or available)
+    except ValueError as exc:
+        raise pytest.UsageError(f"the slice of cores this session was given is unreadable: {exc}") from None
+    limit = len(cores)
+    if options.neuron_cores is not None and options.neuron_cores > limit:
+        raise pytest.UsageError(
+            f"--neuron-cores={options.neuron_cores} is more than the {limit} core(s) this session may use on the "
+            f"{options.device} device; pass at most {limit}"
+        )
+    if options.core_memory_gib is not None:
+        core_bytes = int(options.core_memory_gib * (1 << 30))
+    else:
+        core_bytes = core_memory or fallback_core_bytes(kind)
+    default_pool = min(limit, available) if kind.max_pool else limit
+    return Resolved(
+        device=options.device,
+        cores=cores,
+        pool=options.neuron_cores or default_pool,
+        core_bytes=core_bytes,
+        neuronx_cc=compiler_version(kind),
+        session=uuid.uuid4().hex[:12],
+        self_check=read_self_check(options.results_dir, options.device),
+    )
+
+
+def settings_for(options: Options, resolved: Resolved) -> Settings:
+    kind = DEVICES[resolved.device]
+    return Settings(
+        device=kind,
+        pool_cores=resolved.pool,
+        pool_slice=resolved.cores,
+        session=resolved.session,
+        self_check=resolved.self_check,
+        max_new_tokens=options.max_new_tokens,
+        prompt=options.prompt,
+        model_timeout=options.model_timeout,
+        results_dir=options.results_dir,
+        compile_backend=options.compile_backend or kind.compile_backend,
+        reference_dtype=options.reference_dtype,
+        allow_remote_code=options.allow_remote_code,
+        judge_model=options.judge_model or DEFAULT_JUDGE,
+        judge_revision=options.judge_revision or "main",
+        parity=options.parity,
+        reference_cache=options.reference_cache,
+        compile_cache=options.neff_cache,
+        host_memory_limit=None if options.host_memory_gib is None else int(options.host_memory_gib * (1 << 30)),
+        cpu_check_memory=None
+        if options.cpu_check_memory_gib is None
+        else int(options.cpu_check_memory_gib * (1 << 30)),
+        stack=dataclasses.replace(current_stack(), neuronx_cc=resolved.neuronx_cc),
+        core_bytes=resolved.core_bytes,
+        headroom=options.memory_headroom,
+        max_cores=options.max_cores,
+        lease_dir=options.core_ledger,
+    )
+
+
+def _is_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+def configure(config: pytest.Config) -> None:
+    """Everything a session needs before collection, on the controller and on each xdist worker (which
+    takes the resolved device from ``workerinput`` instead of probing it)."""
+    options = parse_options(config)
+    config.stash[options_key] = options
+    if options.models_file_explicit and config.args_source != pytest.Config.ArgsSource.ARGS:
+        # `pytest --models-file=x.yaml` collects that file instead of the default test paths.
+        config.args = [str(options.models_file)]
+    if not _sweep_requested(config, options):
+        return
+    if options.extra_models and not options.models_file.exists():
+        raise pytest.UsageError(
+            f"--model needs a catalog to add to, and {options.models_file} does not exist; "
+            "pass --models-file=FILE (a file holding just 'models: []' works)"
+        )
+    try:
+        catalog = load_catalog(options.models_file)
+    except CatalogError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    config.stash[catalog_key] = merge_models(catalog.models, options.extra_models)
+    # The judge: --judge-model, else the catalog's 'judge:', else the default.
+    if options.judge_model is None:
+        judge = (catalog.judge_model, catalog.judge_revision) if catalog.judge_model else (DEFAULT_JUDGE, "main")
+    else:
+        judge = (options.judge_model, "main")
+    options = dataclasses.replace(options, judge_model=judge[0], judge_revision=options.judge_revision or judge[1])
+    config.stash[options_key] = options
+    if _is_worker(config):
+        # A worker ends with its controller: its run.py (and that run's ranks) then end with it.
+        end_with_parent()
+        shared = config.workerinput[WORKERINPUT_KEY]  # type: ignore[attr-defined]
+        config.stash[settings_key] = settings_for(options, Resolved.from_workerinput(shared))
+        _load_recorded(config)
+        return
+    resolved = resolve_device(options)
+    config.stash[resolved_key] = resolved
+    config.stash[settings_key] = settings_for(options, resolved)
+    try:
+        check_writable(options.results_dir)
+    except OSError as exc:
+        raise pytest.UsageError(
+            f"--results-dir={options.results_dir} is not writable ({exc.strerror or exc}); "
+            "pass a directory you can write to with free space"
+        ) from None
+    if options.neff_cache is not None:
+        clean_compile_cache(options.neff_cache)
+    # Rows of a killed session are merged first: --resume then counts them as done.
+    recover_parts(options.results_dir)
+    _load_recorded(config)
+    writer = ResultsWriter(config.stash[settings_key], config.stash[catalog_key])
+    config.stash[writer_key] = writer
+    config.pluginmanager.register(writer, "neuron-support-results-writer")
+    config.pluginmanager.register(Controller(config), "neuron-support-controller")
+
+
+def _load_recorded(config: pytest.Config) -> None:
+    """For --resume: which models already have a row for this stack (read once per process)."""
+    if not config.stash[options_key].resume:
+        return
+    settings = config.stash[settings_key]
+    stack = settings.stack
+    recorded = {}
+    for row in read_dataset(settings.results_dir):
+        same_stack = (row.neuronx_cc, row.library, row.library_version) == (
+            stack.neuronx_cc,
+            stack.library,
+            stack.library_version,
+        )
+        if same_stack and not row.test:  # a user's test of a model does not stand for its catalog item
+            recorded[(row.model_id, row.device)] = (row.result, row.settings_hash)
+    config.stash[recorded_key] = recorded
+
+
+class Controller:
+    """Registered on the controller only (the process that runs no item under xdist): hands the
+    resolved device to each worker and makes the cost-order scheduler."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_configure_node(self, node: Any) -> None:
+        """xdist: hand the resolved device to a worker so it never probes it."""
+        resolved = self.config.stash.get(resolved_key, None)
+        if resolved is not None:
+            node.workerinput[WORKERINPUT_KEY] = resolved.to_workerinput()
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_make_scheduler(self, config: pytest.Config, log: Any) -> Any:
+        """A model sweep under the default ``--dist load`` deals items out in cost order."""
+        if config.getvalue("dist") != "load":
+            return None
+        from .scheduling import CostOrderScheduling
+
+        return CostOrderScheduling(config, log)
