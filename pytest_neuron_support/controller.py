@@ -28,12 +28,18 @@ from .execution import end_with_parent
 from .options import Options, options_key, parse_options
 from .pipeline import (
     Settings,
+    gate,
+    plan_model,
     read_self_check,
 )
+from .planning import Plan
 from .records import current_stack
 from .reporting import ResultsWriter, writer_key
 
 WORKERINPUT_KEY = "neuron_support"
+WORKERINPUT_PLANS = "neuron_support_plans"
+#: model id -> its plan, made once per session (on the xdist controller, or at collection without xdist).
+plans_key = pytest.StashKey[dict[str, Plan]]()
 
 resolved_key = pytest.StashKey["Resolved"]()
 settings_key = pytest.StashKey[Settings]()
@@ -191,6 +197,10 @@ def configure(config: pytest.Config) -> None:
         end_with_parent()
         shared = config.workerinput[WORKERINPUT_KEY]  # type: ignore[attr-defined]
         config.stash[settings_key] = settings_for(options, Resolved.from_workerinput(shared))
+        config.stash[plans_key] = {
+            model_id: Plan(**fields)
+            for model_id, fields in config.workerinput[WORKERINPUT_PLANS].items()  # type: ignore[attr-defined]
+        }
         _load_recorded(config)
         return
     resolved = resolve_device(options)
@@ -211,6 +221,9 @@ def configure(config: pytest.Config) -> None:
     writer = ResultsWriter(config.stash[settings_key], config.stash[catalog_key])
     config.stash[writer_key] = writer
     config.pluginmanager.register(writer, "neuron-support-results-writer")
+    if config.getoption("dist", "no") != "no":
+        # xdist: plan every model here, once, and hand the plans to the workers (workerinput).
+        config.stash[plans_key] = plan_catalog(config)
     config.pluginmanager.register(Controller(config), "neuron-support-controller")
 
 
@@ -245,6 +258,10 @@ class Controller:
         resolved = self.config.stash.get(resolved_key, None)
         if resolved is not None:
             node.workerinput[WORKERINPUT_KEY] = resolved.to_workerinput()
+            plans = self.config.stash.get(plans_key, {})
+            node.workerinput[WORKERINPUT_PLANS] = {
+                model_id: dataclasses.asdict(plan) for model_id, plan in plans.items()
+            }
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_make_scheduler(self, config: pytest.Config, log: Any) -> Any:
@@ -254,3 +271,17 @@ class Controller:
         from .scheduling import CostOrderScheduling
 
         return CostOrderScheduling(config, log)
+
+
+def plan_catalog(config: pytest.Config) -> dict[str, Plan]:
+    """Every catalog model's plan (models that must not run have none), asking the Hub at most once
+    per model; once it proved unreachable, the rest are planned from the local cache only, so a
+    sweep never waits through the client's retries model after model."""
+    settings = config.stash[settings_key]
+    plans: dict[str, Plan] = {}
+    local_only = False
+    for model in config.stash[catalog_key]:
+        if gate(model, settings) is None:
+            plans[model.id], unreachable = plan_model(model, settings, local_only=local_only)
+            local_only = local_only or unreachable
+    return plans

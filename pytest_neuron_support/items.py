@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from .catalog import ModelSpec
-from .controller import catalog_key, recorded_key, settings_key
+from .controller import catalog_key, plan_catalog, plans_key, recorded_key, settings_key
 from .dataset import (
     expected_seconds_from_dataset,
 )
@@ -20,7 +20,6 @@ from .options import options_key
 from .pipeline import (
     core_pool,
     gate,
-    plan_model,
     planned_row,
     prior_seconds,
     run_model,
@@ -59,7 +58,7 @@ def order_items(config: pytest.Config, items: list[pytest.Item]) -> None:
 
     def cost(item: ModelItem) -> float:
         plan = item.stash.get(plan_key, None)
-        if plan is None or plan.skip is not None:
+        if plan is None or plan.skip is not None or plan.error is not None:
             return 0.0
         return plan.cores * history.get(item.name, prior_seconds(plan))
 
@@ -82,17 +81,14 @@ class CatalogFile(pytest.File):
     """A models.yaml: one :class:`ModelItem` per entry, then the ``--model`` additions."""
 
     def collect(self) -> Iterator[pytest.Item]:
-        settings = self.config.stash[settings_key]
-        local_only = False
+        # Under xdist the controller planned every model once and handed the plans over: a worker
+        # asks the Hub nothing, so every worker collects the same items in the same order.
+        plans = self.config.stash.get(plans_key, None) or plan_catalog(self.config)
         for model in self.config.stash[catalog_key]:
             item = ModelItem.from_parent(self, name=model.id)
             item.stash[model_key] = model
-            if gate(model, settings) is None:
-                plan, unreachable = plan_model(model, settings, local_only=local_only)
-                # Once the Hub proved unreachable, plan the rest from the local cache only:
-                # otherwise every model would wait through the client's retries.
-                local_only = local_only or unreachable
-                item.stash[plan_key] = plan
+            if model.id in plans:
+                item.stash[plan_key] = plans[model.id]
             item.extra_keyword_matches.update(model.tags)
             yield item
 
@@ -114,7 +110,7 @@ class ModelItem(pytest.Item):
         plan = self.stash.get(plan_key, None)
         if row is None and plan is not None:
             row = planned_row(model, settings, plan)
-            if row.result != "SKIPPED":
+            if row.failure_stage != "plan":  # SKIPPED or ERROR at plan: nothing to run
                 post_load = self.config.hook.pytest_neuron_support_post_load(config=self.config, model=model) or ""
                 pool = core_pool(settings)
                 # Leases are granted in cost order too, so the largest work is not starved.
@@ -158,6 +154,8 @@ class ModelItem(pytest.Item):
         plan = self.stash.get(plan_key, None)
         if plan is None:
             return f"<ModelItem {self.name}>"
+        if plan.error is not None:
+            return f"<ModelItem {self.name} error: {plan.error}>"
         if plan.skip is not None:
             return f"<ModelItem {self.name} skipped: {plan.skip}>"
         return f"<ModelItem {self.name} cores={plan.cores} tp={plan.tp_size} ep={plan.ep_size}: {plan.reason}>"

@@ -256,20 +256,29 @@ def gate(model: ModelSpec, settings: Settings) -> Row | None:
 def plan_model(model: ModelSpec, settings: Settings, *, local_only: bool = False) -> tuple[Plan, bool]:
     """The model's plan, and whether the Hub proved unreachable while making it.
 
-    A model that cannot be inspected runs on its catalog core count or one core: its load
-    will then say why (a plan must not hide a missing model behind a skip).
+    A model that cannot be inspected runs on its catalog ``cores:`` when the entry sets them (the
+    user decided); otherwise its plan carries the error (an ERROR row at stage plan saying what to
+    pass), never a guessed core count.
     """
     try:
         shape = inspect_model(model, local_only=local_only)
     except PlanningError as exc:
-        cores = 1 if model.cores is None else model.cores
+        if model.cores is not None:
+            return Plan(
+                cores=model.cores,
+                tp_size=model.cores,
+                ep_size=1,
+                weight_bytes=0,
+                skip=None,
+                reason=f"catalog override: {model.cores} core(s), not inspected ({exc})",
+            ), exc.unreachable
+        where = f"its catalog entry (line {model.line})" if model.line else "a catalog entry for it (--models-file)"
+        error = (
+            f"{exc}; to run it without inspecting it, set its core count: 'cores: N' in {where} "
+            "(or check the id and the Hub's reachability)"
+        )
         return Plan(
-            cores=cores,
-            tp_size=cores,
-            ep_size=1,
-            weight_bytes=0,
-            skip=None,
-            reason=f"not inspected ({exc}); running on {cores} core(s)",
+            cores=0, tp_size=1, ep_size=1, weight_bytes=0, skip=None, reason=error, error=error
         ), exc.unreachable
     plan = plan_cores(
         shape,
@@ -443,6 +452,8 @@ def planned_row(model: ModelSpec, settings: Settings, plan: Plan) -> Row:
         parameters=plan.weight_bytes // DTYPE_BYTES[model.dtype] if plan.weight_bytes else None,
         compile_backend=settings.compile_backend,
     )
+    if plan.error is not None:
+        return replace(row, result="ERROR", failure_stage="plan", verdict_basis="plan", error=plan.error)
     if plan.skip is not None:
         return replace(row, result="SKIPPED", failure_stage="plan", verdict_basis="plan", error=plan.skip)
     fits = core_pool(settings).largest_block() if settings.lease_dir is not None else settings.pool_cores

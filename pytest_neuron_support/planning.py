@@ -209,6 +209,8 @@ class Plan:
         skip: None when the model can run; otherwise why it cannot within the limits and what it
             would need, e.g. "needs 32 cores (...), more than --max-cores=16".
         weight_bytes: parameters x bytes of the run dtype: the memory the weights take on the device.
+        error: None when the model was planned; otherwise why it could not be inspected (its row is an
+            ERROR at stage plan that says what to pass): a plan is never a guess.
     """
 
     cores: int
@@ -217,6 +219,7 @@ class Plan:
     reason: str
     skip: str | None
     weight_bytes: int
+    error: str | None = None
 
 
 def plan_cores(

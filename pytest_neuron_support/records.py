@@ -54,7 +54,8 @@ RESULTS: Mapping[str, str] = {
 
 #: Every value of ``failure_stage``.
 STAGES: Mapping[str, str] = {
-    "plan": "choosing cores before anything runs (needs more cores than allowed, cannot shard)",
+    "plan": "choosing cores before anything runs (needs more cores than allowed, cannot shard: SKIPPED; "
+    "config or size unreadable: ERROR, set cores: N in the entry)",
     "load": "from_pretrained onto the device (download, config, weights, placement)",
     "compile": "first generate() (embedding tasks: first forward pass): graph capture and compilation, "
     "or no graph compiled at all",
@@ -87,7 +88,8 @@ VERDICT_BASES: Mapping[str, str] = {
     "cosine": "embedding tasks: every sentence's cosine with the CPU embedding against cosine_threshold",
     "repeat": "the warm second generate() (or forward) differed from the first: a FAIL at stage generate",
     "run": "the run did not finish (ERROR or TIMEOUT): the exception, signal or timeout decided",
-    "plan": "not run: the planner's reason (SKIPPED at stage plan)",
+    "plan": "not run: the planner's reason (SKIPPED at stage plan, or ERROR at plan when it could not inspect "
+    "the model)",
     "catalog": "not run: the catalog's exclusion, or remote code not allowed (EXCLUDED)",
     "test": "a user's own test (the test column) that used the plugin's fixtures: its own assertions decided",
 }

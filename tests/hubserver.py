@@ -317,6 +317,7 @@ class HubServer:
         fail_with: if set, requests under ``fail_path`` answer this status with ``fail_message``.
         fail_count: how many requests fail before the server recovers (None: all of them).
         fail_path: the path prefix ``fail_with`` applies to.
+        fail_every: fail only every n-th of those requests (1: each; 2: every other one, a flaky Hub).
         retry_after: if set, failures carry ``Retry-After`` with this many seconds.
         delay_s: every answer waits this long first (``math.inf``: until heal() or stop()).
         requests: every request received, in order (see :class:`RecordedRequest`).
@@ -331,6 +332,8 @@ class HubServer:
         self.fail_with: int | None = None
         self.fail_count: int | None = None
         self.fail_path = "/"
+        self.fail_every = 1
+        self._fail_seen = 0
         self.fail_message = "Internal Error - We're working hard to fix this as soon as possible!"
         self.retry_after: int | None = None
         self._delay_s = 0.0
@@ -436,6 +439,9 @@ class HubServer:
         """The status to fail this request with, counting it against ``fail_count``."""
         with self._lock:
             if self.fail_with is None or not path.startswith(self.fail_path):
+                return None
+            self._fail_seen += 1
+            if self._fail_seen % self.fail_every:
                 return None
             if self.fail_count is not None:
                 if self.fail_count <= 0:

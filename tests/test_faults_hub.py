@@ -1,5 +1,7 @@
-"""A model the Hub will not give: missing (404), gated (401), or the Hub unreachable. Each is an
-ERROR row at stage load, with the Hub's answer, and the sweep goes on. The Hub is a real loopback
+"""A model the Hub will not give: missing (404), gated (401), or the Hub unreachable. The planner
+cannot read its config, so each is an ERROR row at stage plan, with the Hub's answer and what to pass
+(a core count in the catalog), never a run on a guessed core count; the sweep goes on. With `cores:`
+set, the model runs and its load says what the Hub answered. The Hub is a real loopback
 HTTP server speaking its API (tests/hubserver.py), selected with HF_ENDPOINT."""
 
 from __future__ import annotations
@@ -32,11 +34,13 @@ def test_missing_and_gated_models_are_load_errors(pytester: pytest.Pytester, mon
     result.assert_outcomes(failed=2)
     df = pd.read_parquet(pytester.path / "out" / "data").set_index("model_id")
     missing, locked = df.loc["nobody/missing-model"], df.loc["meta-llama/gated-model"]
-    assert (missing.result, missing.failure_stage) == ("ERROR", "load")
-    assert "not a valid model identifier" in missing.error or "RepositoryNotFound" in missing.error
-    assert (locked.result, locked.failure_stage) == ("ERROR", "load")
+    assert (missing.result, missing.failure_stage, missing.verdict_basis) == ("ERROR", "plan", "plan")
+    assert "RepositoryNotFound" in missing.error, missing.error
+    assert (locked.result, locked.failure_stage) == ("ERROR", "plan")
     assert "gated" in locked.error.lower()
-    assert any(path.startswith("/meta-llama/gated-model/resolve/") for path in asked)  # run.py asked our Hub
+    for row in (missing, locked):
+        assert "'cores: N' in its catalog entry (line" in row.error and pd.isna(row.neuron_cores), row.error
+    assert any(path.startswith("/meta-llama/gated-model/resolve/") for path in asked)  # the planner asked our Hub
 
 
 def closed_port() -> int:
@@ -52,9 +56,18 @@ def test_an_unreachable_hub_is_a_load_error_not_a_hang(
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")
     monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
     monkeypatch.setenv("HF_HUB_CACHE", str(pytester.path / "hub"))
-    pytester.makefile(".yaml", models="models:\n  - {id: nobody/anything, task: text-generation}\n")
+    # Planned (ERROR at plan) and, with the user's core count, run (ERROR at load): neither hangs.
+    catalog = (
+        "models:\n  - {id: nobody/anything, task: text-generation}\n"
+        "  - {id: nobody/sized, task: text-generation, cores: 1}\n"
+    )
+    pytester.makefile(".yaml", models=catalog)
     result = pytester.runpytest_subprocess("--device=cpu", "--results-dir=out", "--model-timeout=300")
-    result.assert_outcomes(failed=1)
-    row = pd.read_parquet(pytester.path / "out" / "data").iloc[0]
-    assert (row.result, row.failure_stage) == ("ERROR", "load"), row.error
-    assert "connect" in row.error.lower(), row.error
+    result.assert_outcomes(failed=2)
+    rows = pd.read_parquet(pytester.path / "out" / "data").set_index("model_id")
+    planned, sized = rows.loc["nobody/anything"], rows.loc["nobody/sized"]
+    assert (planned.result, planned.failure_stage) == ("ERROR", "plan"), planned.error
+    assert "connect" in planned.error.lower() and "'cores: N'" in planned.error, planned.error
+    assert (sized.result, sized.failure_stage, sized.neuron_cores) == ("ERROR", "load", 1), sized.error
+    assert "connect" in sized.error.lower(), sized.error
+    assert "catalog override: 1 core(s), not inspected" in sized.plan_reason
