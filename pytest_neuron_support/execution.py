@@ -3,12 +3,14 @@
 Each run gets its own session (process group), so a timeout kills the script and anything
 it started (compiler workers, torch.distributed ranks): leaked children would keep device
 cores reserved. A child killed by a signal cannot report itself, so the parent classifies
-it, using the last stage marker the script printed.
+it, using the last stage marker the script printed. What it leaves behind (its log, its result
+and its ranks') has every token of its environment masked before anything reads it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import os
 import re
@@ -22,6 +24,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from .redaction import scrub_files
 
 _STAGE_MARKER = re.compile(r"^\[neuron-support\] stage=(\w+)$", re.MULTILINE)
 _KILL_GRACE_S = 5.0
@@ -172,6 +176,13 @@ def run_script(
         if group_alive(proc.pid):
             _kill_group(proc.pid)
     wall_s = time.monotonic() - start
+    # The script had the tokens in its environment (downloads need them), so its own output (a
+    # print in a post-load hook, a traceback quoting a URL) can hold one. Mask them in the files
+    # now, the group being gone: the rows, the terminal and a published results directory are all
+    # read from these files. Ranks write ``<out>.rank<i>``. This process's own tokens too, in case
+    # a caller gave the script an environment without them that it found anyway.
+    ranks = out.parent.glob(f"{glob.escape(out.name)}.rank*")
+    scrub_files([log_path, out, *ranks], env, os.environ)
     result: Mapping[str, Any] | None = None
     if out.exists():
         try:

@@ -51,11 +51,11 @@ from .pipeline import (
     plan_model,
     planned_row,
     run_spec,
-    scrub,
     slug,
 )
 from .planning import Plan
 from .records import Row
+from .redaction import scrub
 from .runscript import RunSpec, render_and_run
 
 #: The fixtures this module provides; a test that uses any of them gets a row.

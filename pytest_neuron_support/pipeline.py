@@ -44,10 +44,10 @@ from .devices import DEVICES, NO_DEVICE_ENV, DeviceKind
 from .execution import ProcessOutcome, run_script
 from .planning import DEFAULT_HEADROOM, DEFAULT_MAX_CORES, DTYPE_BYTES, Plan, PlanningError, inspect_model, plan_cores
 from .records import Row, Stack
+from .redaction import scrub
 from .runscript import TEST_CARD_SIZE, JudgeSpec, RunSpec, render_and_run, render_judge
 
 #: Environment variables whose values must never reach run.py, rows or logs.
-SECRET_VARS: tuple[str, ...] = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HUGGINGFACE_TOKEN", "HF_API_TOKEN")
 
 
 @dataclass(frozen=True)
@@ -136,17 +136,6 @@ CPU_CHECK_OVERHEAD = 1.25
 def slug(model_id: str) -> str:
     """A directory name for a model id or local path."""
     return re.sub(r"[^A-Za-z0-9._-]+", "--", model_id.strip("/")) or "model"
-
-
-def scrub(text: str | None, env: Mapping[str, str] = os.environ) -> str | None:
-    """Replace the value of every secret variable in ``text`` with ``***``."""
-    if text is None:
-        return None
-    for name in SECRET_VARS:
-        value = env.get(name)
-        if value and len(value) >= 4:
-            text = text.replace(value, "***")
-    return text
 
 
 #: The text turn after the image of an image-text-to-text entry that sets no prompt, while the
@@ -303,8 +292,9 @@ def distributed_configs(plan: Plan) -> tuple[dict[str, Any], ...]:
     """``DistributedConfig`` keyword sets run.py tries in order for a sharded plan.
 
     Which of them loads differs between transformers versions (5.24 on gloo: experts-only
-    ``ep_size=n, tp_plan={}`` raises "has no tp_plan" while ``tp_size=n, ep_size=n`` and
-    ``fsdp_size=n, ep_size=n`` work), so run.py detects it and the row records the one used.
+    ``ep_size=n, tp_plan={}`` raises "Pass `tp_plan` in `DistributedConfig`" while
+    ``tp_size=n, ep_size=n`` and ``fsdp_size=n, ep_size=n`` work; tests/test_sharded.py keeps this
+    premise per release), so run.py detects it and the row records the one used.
     """
     if plan.tp_size > 1:
         return ({"tp_size": plan.tp_size}, {"tp_size": plan.tp_size, "ep_size": plan.tp_size})

@@ -111,3 +111,129 @@ def kill_own_processes(tag: str) -> None:
     for proc in own_processes(tag):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(proc.pid, signal.SIGKILL)
+
+
+# --- The process tree, recorded while it runs ------------------------------------------------
+#
+# A scan after the fact cannot tell "the ranks were killed" from "the scan never saw a rank": by
+# the time it runs, the harness has killed the group. So every Python process a test's session
+# starts (xdist workers, run.py, spawned ranks, references, compiler workers) records itself the
+# moment its interpreter starts, through a sitecustomize on PYTHONPATH that the whole tree
+# inherits: pid, parent, start time (so a reused pid is not mistaken for it), cwd and command
+# line. Whether a recorded process is still alive is then a question about that very process.
+
+RECORD_VAR = "NEURON_SUPPORT_TEST_RECORD"
+
+SITECUSTOMIZE = """
+import json as _json
+import os as _os
+
+def _record_self():
+    where = _os.environ.get("NEURON_SUPPORT_TEST_RECORD")
+    if not where:
+        return
+    stat = open("/proc/self/stat").read()
+    fields = stat[stat.rindex(")") + 2:].split()
+    argv = [a.decode(errors="replace") for a in open("/proc/self/cmdline", "rb").read().split(b"\\0") if a]
+    record = {"pid": _os.getpid(), "ppid": int(fields[1]), "start": fields[19], "cwd": _os.getcwd(), "argv": argv}
+    tmp = _os.path.join(where, f".{_os.getpid()}.tmp")
+    with open(tmp, "w") as handle:
+        _json.dump(record, handle)
+    _os.replace(tmp, _os.path.join(where, f"{_os.getpid()}-{fields[19]}.json"))
+
+try:
+    _record_self()
+except OSError:
+    pass  # a process that cannot record itself must still run
+"""
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """A process as it recorded itself when it started."""
+
+    pid: int
+    ppid: int
+    start: str
+    cwd: str
+    argv: tuple[str, ...]
+
+    @property
+    def is_rank(self) -> bool:
+        """A rank started by torch.multiprocessing spawn: its command line names only the
+        spawn module, never the model or run.py."""
+        return any("multiprocessing.spawn" in arg for arg in self.argv)
+
+    def alive(self) -> bool:
+        """True while this very process (same pid and start time) exists and is not a zombie."""
+        try:
+            stat = Path(f"/proc/{self.pid}/stat").read_text()
+        except OSError:
+            return False
+        fields = stat[stat.rindex(")") + 2 :].split()
+        return fields[19] == self.start and fields[0] != "Z"
+
+    def under(self, root: Path | str) -> bool:
+        """Runs in ``root`` or below, or names a path there (see :func:`_mentions`)."""
+        return _mentions(self.cwd, list(self.argv), os.path.realpath(root))
+
+
+def record_tree(directory: Path, site: str = SITECUSTOMIZE) -> dict[str, str]:
+    """The environment that makes every Python process started with it record itself into
+    ``directory`` (``site`` is the sitecustomize source; a test may append to it). Keeps the
+    PYTHONPATH already set, after the recorder's own directory."""
+    procs = directory / "procs"
+    procs.mkdir(parents=True)
+    (directory / "sitecustomize.py").write_text(site)
+    path = os.pathsep.join(p for p in (str(directory), os.environ.get("PYTHONPATH", "")) if p)
+    return {"PYTHONPATH": path, RECORD_VAR: str(procs)}
+
+
+def recorded(directory: Path) -> list[Recorded]:
+    """Every process that recorded itself into ``directory`` (see :func:`record_tree`)."""
+    found = []
+    for path in sorted((directory / "procs").glob("*.json")):
+        r = json.loads(path.read_text())
+        found.append(Recorded(r["pid"], r["ppid"], r["start"], r["cwd"], tuple(r["argv"])))
+    return found
+
+
+# A conftest for a test's pytester session: each time an item's call phase is reported (after
+# the item ran, so after its harness ended its runs), it writes which recorded processes are
+# alive at that moment. "Gone by the time the item reported" is the promise; a scan after the
+# session would also pass if they were stopped only when the session ended.
+REPORT_ALIVE = """
+import json as _json
+import os as _os
+import sys as _sys
+
+_sys.path.insert(0, {tests!r})
+from faultkit import recorded as _recorded
+
+
+def pytest_runtest_logreport(report):
+    if report.when != "call":
+        return
+    record = _os.path.dirname(_os.environ["NEURON_SUPPORT_TEST_RECORD"])
+    alive = [r.__dict__ | {{"argv": list(r.argv)}} for r in _recorded(__import__("pathlib").Path(record)) if r.alive()]
+    reports = _os.path.join(record, "reports")
+    _os.makedirs(reports, exist_ok=True)
+    name = f"{{len(_os.listdir(reports)):04d}}.json"
+    with open(_os.path.join(reports, name), "w") as handle:
+        _json.dump({{"nodeid": report.nodeid, "alive": alive}}, handle)
+"""
+
+
+def report_alive_conftest() -> str:
+    """:data:`REPORT_ALIVE`, importing this module from where it lies."""
+    return REPORT_ALIVE.format(tests=str(Path(__file__).resolve().parent))
+
+
+def alive_at_report(directory: Path, model_id: str) -> list[Recorded]:
+    """The recorded processes alive when ``model_id``'s item reported (see :data:`REPORT_ALIVE`).
+    Fails if the item never reported, so a missing report is not read as "none alive"."""
+    for path in sorted((directory / "reports").glob("*.json")):
+        report = json.loads(path.read_text())
+        if model_id in report["nodeid"]:
+            return [Recorded(r["pid"], r["ppid"], r["start"], r["cwd"], tuple(r["argv"])) for r in report["alive"]]
+    raise AssertionError(f"no report of {model_id} in {directory / 'reports'}")

@@ -294,6 +294,8 @@ class RecordedRequest:
         query: query parameters, each with all its values in order.
         headers: request headers, lower-cased names, without ``authorization``.
         authorized: whether an ``Authorization`` header was sent (its value is never kept).
+        authorization_sha256: the SHA-256 of that header's value, so a test can check which
+            token was sent without the server keeping it.
     """
 
     method: str
@@ -301,6 +303,7 @@ class RecordedRequest:
     query: Mapping[str, tuple[str, ...]]
     headers: Mapping[str, str]
     authorized: bool
+    authorization_sha256: str | None = None
 
     def param(self, name: str) -> str | None:
         values = self.query.get(name)
@@ -505,7 +508,8 @@ class _Handler(BaseHTTPRequestHandler):
         query = {key: tuple(values) for key, values in parse_qs(parts.query, keep_blank_values=True).items()}
         authorization = self.headers.get("Authorization")
         headers = {key.lower(): value for key, value in self.headers.items() if key.lower() != "authorization"}
-        self.hub._record(RecordedRequest(self.command, path, query, headers, authorization is not None))
+        digest = None if authorization is None else hashlib.sha256(authorization.encode()).hexdigest()
+        self.hub._record(RecordedRequest(self.command, path, query, headers, authorization is not None, digest))
         self.hub._wait()
         token = None
         if authorization and authorization.lower().startswith("bearer "):

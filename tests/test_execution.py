@@ -116,3 +116,25 @@ def test_cancel_from_another_thread_kills_the_group_early_and_is_not_a_timeout(t
     assert time.monotonic() - start < 30
     assert not outcome.timed_out and outcome.result is None and outcome.returncode < 0
     assert wait_gone(int(pidfile.read_text()))
+
+
+def test_tokens_in_the_environment_are_masked_in_the_log_result_and_rank_results(tmp_path: Path) -> None:
+    # The script prints its token, writes it into its result and into a rank's result, beside a
+    # byte that is not UTF-8 (a log is bytes: masking must not garble the rest).
+    token = "hf_unitCANARY0123456789"
+    s = script(
+        tmp_path,
+        "tok = os.environ['HF_TOKEN']\n"
+        "print('out', tok, flush=True); print('err', tok, file=sys.stderr, flush=True)\n"
+        "sys.stdout.buffer.write(b'raw \\xff end\\n'); sys.stdout.flush()\n"
+        "open(args.out + '.rank1', 'w').write(tok)\n"
+        "json.dump({'ok': False, 'error': 'bad ' + tok}, open(args.out, 'w'))\n",
+    )
+    env = {**os.environ, "HF_TOKEN": token}
+    outcome = run_script(s, tmp_path / "r.json", env=env, timeout=60, log_path=tmp_path / "log")
+    assert outcome.result == {"ok": False, "error": "bad ***"}
+    log = (tmp_path / "log").read_bytes()
+    assert b"out ***\n" in log and b"err ***\n" in log and b"raw \xff end\n" in log
+    assert token.encode() not in log
+    assert (tmp_path / "r.json.rank1").read_text() == "***"
+    assert outcome.log_tail().count("***") == 2

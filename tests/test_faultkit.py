@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from faultkit import TAG_VAR, own_processes, survivors
+from faultkit import TAG_VAR, own_processes, record_tree, recorded, survivors
 
 from pytest_neuron_support.execution import run_script
 
@@ -173,3 +173,27 @@ def test_a_launcher_that_dies_leaving_a_spawned_rank_is_caught_unless_run_script
     outcome = run_script(script, run_dir / "result.json", env=os.environ, timeout=60, log_path=run_dir / "log.txt")
     assert outcome.signal_name == "SIGKILL" and outcome.last_stage == "load"
     assert survivors(process_tag, under=tmp_path / "out" / "runs" / "tiny-random--mistral") == []
+
+
+def test_the_recorded_tree_holds_a_spawned_rank_while_it_ran_and_says_when_it_is_gone(
+    tmp_path: Path, process_tag: str, started: list
+) -> None:
+    """A spawned rank records itself when its interpreter starts, so a check made after the rank
+    was killed still knows it existed; alive() follows that very process, not its pid."""
+    run_dir = tmp_path / "runs" / "tiny-random--mistral" / "cpu" / "device"
+    run_dir.mkdir(parents=True)
+    record = tmp_path / "record"
+    launcher = start(started, SPAWN, cwd=run_dir, env={**os.environ, **record_tree(record)})
+    rank = int(launcher.stdout.readline())
+    # The rank records itself once its interpreter is up, which start() does not wait for.
+    deadline = time.monotonic() + 30
+    while rank not in (tree := {r.pid: r for r in recorded(record)}) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    # Both are there, the rank known as one, in the run directory, a child of the launcher.
+    assert {launcher.pid, rank} <= set(tree)
+    assert tree[rank].is_rank and not tree[launcher.pid].is_rank
+    assert tree[rank].ppid == launcher.pid and tree[rank].under(run_dir)
+    assert tree[rank].alive() and tree[launcher.pid].alive()
+    os.kill(rank, signal.SIGKILL)
+    launcher.wait()
+    assert not tree[rank].alive() and not tree[launcher.pid].alive()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from faultkit import catalog, own_processes
+from faultkit import alive_at_report, catalog, own_processes, record_tree, recorded, report_alive_conftest
 
 pytestmark = pytest.mark.slow
 
@@ -23,9 +23,12 @@ def pytest_neuron_support_post_load(config, model):
 
 
 def test_a_rank_killed_by_a_signal_is_an_error_row_and_no_rank_is_left(
-    pytester: pytest.Pytester, offline_hub: Path, process_tag: str
+    pytester: pytest.Pytester, offline_hub: Path, process_tag: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    pytester.makeconftest(KILL_RANK_1)
+    pytester.makeconftest(KILL_RANK_1 + report_alive_conftest())
+    record = pytester.path / "record"
+    for name, value in record_tree(record).items():
+        monkeypatch.setenv(name, value)
     models = catalog("tiny-random/mistral", "tiny-random/qwen3").replace(
         "{id: tiny-random/mistral,", "{id: tiny-random/mistral, cores: 2,"
     )
@@ -40,9 +43,21 @@ def test_a_rank_killed_by_a_signal_is_an_error_row_and_no_rank_is_left(
     # Rank 0 may be stopped by the launcher before it reports, so it can be listed too.
     assert re.search(r"rank\(s\) \[(0, )?1\] died without a result", died.error), died.error
     assert "process 1 terminated with signal SIGKILL" in died.error, died.error
-    # Neither rank 0 nor the launcher outlived the dead peer. By this test's tag, so another
-    # worker's sweep of mistral is not counted; by cwd too, as spawned ranks run in the launcher's
-    # run directory while their command line names neither it nor the model.
-    assert own_processes(process_tag, under=pytester.path / "out" / "runs" / "tiny-random--mistral") == []
+
+    # The tree as it ran (each process recorded itself when it started): the launcher, run.py in
+    # mistral's run directory, spawned both ranks (spawn, not fork: a forked rank is no new
+    # interpreter and records nothing).
+    run_dir = pytester.path / "out" / "runs" / "tiny-random--mistral"
+    tree = [r for r in recorded(record) if r.under(run_dir)]
+    launchers = [r for r in tree if not r.is_rank and any(a.endswith("run.py") for a in r.argv)]
+    assert len(launchers) == 1, tree
+    ranks = [r for r in tree if r.is_rank and r.ppid == launchers[0].pid]
+    assert len(ranks) == 2, tree
+    # None of them, nor anything they started, was alive when the item reported: the dead peer
+    # took rank 0 and the launcher with it then, not at the end of the session.
+    assert [r for r in alive_at_report(record, "tiny-random/mistral") if r.under(run_dir)] == []
     assert df.loc["tiny-random/qwen3", "result"] == "PASS"
-    assert own_processes(process_tag) == []  # nothing the sweep started is left, orphans included
+    # Nothing the sweep started is left: no recorded process (the same process, not a reused
+    # pid), and no process with this test's tag (a non-Python one, an orphan).
+    assert [r for r in recorded(record) if r.alive()] == []
+    assert own_processes(process_tag) == []

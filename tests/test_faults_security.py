@@ -16,19 +16,60 @@ from pytest_neuron_support import zoo
 pytestmark = pytest.mark.slow
 
 
+# The device runs print the token the harness gave them (it is in their environment: downloads
+# need it) to stdout and stderr, and one raises with it in its error, so every path a token could
+# leak by is exercised: the run's log.txt and result.json, its row's error, the terminal. The
+# code reads the token from the environment, so run.py itself never holds it.
+LEAK_TOKEN = """
+LEAK = (
+    "import os, sys\\n"
+    "print('canary-stdout:', os.environ['HF_TOKEN'], flush=True)\\n"
+    "print('canary-stderr:', os.environ['HF_TOKEN'], file=sys.stderr, flush=True)\\n"
+)
+
+
+def pytest_neuron_support_post_load(config, model):
+    if model.id == "tiny-random/qwen3":
+        return LEAK
+    if model.id == "tiny-random/llama":
+        return LEAK + "raise RuntimeError('canary-error: ' + os.environ['HF_TOKEN'])\\n"
+    return None
+"""
+
+
 def test_tokens_never_reach_run_py_rows_logs_or_output(pytester: pytest.Pytester, offline_hub: Path) -> None:
     canary = "hf_CANARYcanary0123456789abcdefghijkl"
-    pytester.makefile(".yaml", models=catalog("tiny-random/qwen3", "tiny-broken/missing"))
+    pytester.makeconftest(LEAK_TOKEN)
+    pytester.makefile(".yaml", models=catalog("tiny-random/qwen3", "tiny-random/llama", "tiny-broken/missing"))
     os.environ["HF_TOKEN"] = canary
     try:
         result = pytester.runpytest_subprocess("--device=cpu", "--results-dir=out")
     finally:
         del os.environ["HF_TOKEN"]
-    result.assert_outcomes(passed=1, failed=1)
-    assert canary not in "\n".join(result.outlines + result.errlines)
-    for path in (pytester.path / "out").rglob("*"):
-        if path.is_file():
-            assert canary.encode() not in path.read_bytes(), path
+    result.assert_outcomes(passed=1, failed=2)
+    out = pytester.path / "out"
+    terminal = "\n".join(result.outlines + result.errlines)
+    assert canary not in terminal
+    # The leak happened and was masked (else the checks below would pass on a run that printed
+    # nothing): the raising run's error reached the terminal, the row and result.json masked, and
+    # both runs' prints are in their logs masked.
+    assert "canary-error: ***" in terminal
+    df = pd.read_parquet(out / "data").set_index("model_id")
+    assert canary not in df.to_csv()  # every column of every row, as text
+    leaked = df.loc["tiny-random/llama"]
+    assert (leaked.result, leaked.failure_stage) == ("ERROR", "load")
+    assert leaked.error == "RuntimeError: canary-error: ***", leaked.error
+    runs = out / "runs"
+    for slug in ("tiny-random--qwen3", "tiny-random--llama"):
+        log = (runs / slug / "cpu" / "device" / "log.txt").read_text()
+        assert "canary-stdout: ***" in log and "canary-stderr: ***" in log, log[-2000:]
+    error = json.loads((runs / "tiny-random--llama" / "cpu" / "device" / "result.json").read_text())
+    assert error["error"] == "canary-error: ***"
+    assert "canary-error: ***" in error["traceback"]
+    files = [path for path in out.rglob("*") if path.is_file()]
+    assert len(files) > 10, files  # the results directory holds the runs, not just the dataset
+    for path in files:
+        assert canary.encode() not in path.read_bytes(), path
 
 
 REMOTE_CODE = """

@@ -7,6 +7,7 @@ imports it), so setting ``HF_ENDPOINT`` with monkeypatch here also proves that
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -135,6 +136,18 @@ def test_env_var_set_after_import_selects_the_server(hub_server: HubServer) -> N
     assert [r.path for r in hub_server.requests] == ["/api/models"]
 
 
+def test_elapsed_is_the_fetchs_own_time(hub_server: HubServer) -> None:
+    # The server holds its answer 0.3 s: the fetch cannot have taken less, nor longer than the
+    # call around it (both bounds follow from the order of events, not from a machine's speed).
+    hub_server.delay_s = 0.3
+    started = time.monotonic()
+    ranking = hub.fetch_ranking("text-generation", "trending")
+    wall = time.monotonic() - started
+    assert ranking.error is None
+    # elapsed_s is rounded to the millisecond: a millisecond either side.
+    assert 0.3 - 0.001 <= ranking.elapsed_s <= wall + 0.001, (ranking.elapsed_s, wall)
+
+
 @pytest.mark.parametrize("task", hub.TASKS)
 @pytest.mark.parametrize("sort", sorted(hub.SORTS))
 def test_rankings_follow_the_servers_order_and_filter(hub_server: HubServer, task: str, sort: str) -> None:
@@ -144,7 +157,6 @@ def test_rankings_follow_the_servers_order_and_filter(hub_server: HubServer, tas
     assert (ranking.task, ranking.sort) == (task, sort)
     assert [m.id for m in ranking.models] == expected_order(task, "downloads" if sort == "downloads" else "trending")
     assert {m.pipeline_tag for m in ranking.models} == {task}
-    assert ranking.elapsed_s >= 0
     assert ranking.fetched_at.endswith("+00:00")
     [request] = hub_server.requests
     assert request.method == "GET"
@@ -332,8 +344,11 @@ def test_token_goes_to_the_hub_and_nowhere_else(hub_server: HubServer, tmp_path:
     hub_server.fail_message = f"token {CANARY} rejected"  # a server that echoes the token back
     failed = hub.fetch_ranking("text-generation", "downloads", token=CANARY)
 
-    assert [r.authorized for r in hub_server.requests] == [True, True]
-    assert all("authorization" not in r.headers for r in hub_server.requests)
+    # Both requests carried exactly this token, as a bearer token, and it was in no other header,
+    # the path or the query (the server records those in full, all but the authorization value).
+    bearer = hashlib.sha256(f"Bearer {CANARY}".encode()).hexdigest()
+    assert [r.authorization_sha256 for r in hub_server.requests] == [bearer, bearer]
+    assert all(CANARY not in repr((r.path, r.query, r.headers)) for r in hub_server.requests)
     assert failed.error is not None and CANARY not in failed.error
     snapshot = tmp_path / "rankings.json"
     hub.save_snapshot(snapshot, [ranking, failed])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import pytest
 from pytest_neuron_support import zoo
 from pytest_neuron_support.catalog import load_catalog
 from pytest_neuron_support.checks import DEFAULT_MIN_COSINE
+from pytest_neuron_support.execution import run_script
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow
@@ -98,10 +100,8 @@ def test_tiny_zoo_sweep_passes_every_architecture_with_four_workers_over_four_co
     assert (embedded.min_cosine >= DEFAULT_MIN_COSINE).all() and (embedded.tokens.map(len) == 0).all()
     assert (df.neuronx_cc == "none").all() and (df.library == "transformers").all()
     assert df.runscript.str.contains("cache_implementation").all()
-    # The stored run.py is the one that ran.
-    qwen3 = df.set_index("model_id").loc["tiny-random/qwen3"]
-    ran = (pytester.path / "out" / "runs" / "tiny-random--qwen3" / "cpu" / "device" / "run.py").read_text()
-    assert qwen3.runscript == ran
+    # That the stored run.py is the one that ran is checked by running it again: see
+    # test_parity_failure_and_load_error_are_rows_and_the_sweep_goes_on.
 
 
 def overlapping_leases(df: pd.DataFrame) -> list[tuple[str, str]]:
@@ -140,7 +140,10 @@ def pytest_neuron_support_post_load(config, model):
 
 
 def test_parity_failure_and_load_error_are_rows_and_the_sweep_goes_on(
-    pytester: pytest.Pytester, offline_hub: Path, monkeypatch: pytest.MonkeyPatch
+    pytester: pytest.Pytester,
+    offline_hub: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
     # A private copy of the zoo cache plus a checkpoint whose weights file is cut short.
     cache = pytester.path / "hub"
@@ -173,8 +176,21 @@ def test_parity_failure_and_load_error_are_rows_and_the_sweep_goes_on(
     df = pd.read_parquet(pytester.path / "out" / "data").set_index("model_id")
     llama = df.loc["tiny-random/llama"]
     assert llama.result == "FAIL" and llama.failure_stage == "parity"
-    assert llama.first_divergence == llama.matched_prefix and llama.first_divergence < 32
+    # The divergence the row reports is where the two runs' own results (result.json, written by
+    # run.py, not by the row builder) first differ.
+    runs = pytester.path / "out" / "runs" / "tiny-random--llama" / "cpu"
+    device = json.loads((runs / "device" / "result.json").read_text())["tokens"]
+    reference = json.loads((runs / "reference" / "result.json").read_text())["tokens"]
+    first = next(i for i, (d, r) in enumerate(zip(device, reference, strict=True)) if d != r)
+    assert (llama.first_divergence, llama.matched_prefix) == (first, first)
+    assert (llama.device_token, llama.reference_token) == (device[first], reference[first])
     assert "model.model.norm.weight.mul_(-1.0)" in llama.runscript
+    # The row's run.py is the one that ran: run alone, it gives the row's (perturbed) tokens again.
+    again = tmp_path_factory.mktemp("rerun")
+    (again / "run.py").write_text(llama.runscript)
+    outcome = run_script(again / "run.py", again / "result.json", env=os.environ, timeout=600, log_path=again / "log")
+    assert outcome.result is not None and outcome.result["ok"], outcome.log_tail()
+    assert outcome.result["tokens"] == list(llama.tokens) == device
     broken = df.loc["tiny-broken/truncated"]
     assert broken.result == "ERROR" and broken.failure_stage == "load"
     assert df.loc["tiny-random/qwen3", "result"] == "PASS"

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -217,7 +216,11 @@ def test_embedded_data_joins_catalog_rows_and_hub(site: Path) -> None:
     assert data["catalog"]["models"][3]["exclude_reason"] == "too-large"
     trending = [r for r in data["hub"]["rankings"] if (r["task"], r["sort"]) == ("text-generation", "trending")]
     assert [m["id"] for m in trending[0]["models"]] == ["org/alpha-1b", "org/huge-400b", "hub/fresh-model"]
-    assert all(r["error"] is None and r["fetched_at"] and r["elapsed_s"] >= 0 for r in data["hub"]["rankings"])
+    assert all(r["error"] is None for r in data["hub"]["rankings"])
+    # The page shows the very fetches saved for reuse (--hub-snapshot): same times, same durations.
+    saved = json.loads((site / "hub-rankings.json").read_text(encoding="utf-8"))["rankings"]
+    timing = [(r["task"], r["sort"], r["fetched_at"], r["elapsed_s"]) for r in data["hub"]["rankings"]]
+    assert timing == [(r["task"], r["sort"], r["fetched_at"], r["elapsed_s"]) for r in saved]
     beta = next(r for r in data["rows"] if r["model_id"] == "org/beta-7b" and r["library_version"] == NEW)
     assert beta["install"][-1] == f"pip install torch==2.9.0 transformers=={NEW} 'einops>=0.8'"
     assert (
@@ -397,13 +400,21 @@ def test_viewer_does_not_import_torch_or_transformers() -> None:
 # --- in a real browser -------------------------------------------------------------------------
 
 
+#: Set to 1 (``.ci/run`` does) to make a missing browser fail the browser tests instead of
+#: skipping them: a skip passes, so CI without Chromium would never open the viewer.
+REQUIRE_BROWSER = "NEURON_SUPPORT_REQUIRE_BROWSER"
+
+
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     if not (CHROMIUM.exists() and CHROMEDRIVER.exists()):
-        pytest.skip(
+        missing = (
             "BROWSER TESTS NOT RUN: /usr/bin/chromium or /usr/bin/chromedriver is missing; "
             "install them with `apt-get install -y --no-install-recommends chromium chromium-driver` (.ci/run does)"
         )
+        if os.environ.get(REQUIRE_BROWSER) == "1":
+            pytest.fail(f"{missing}; {REQUIRE_BROWSER}=1 requires them", pytrace=False)
+        pytest.skip(missing)
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
@@ -579,8 +590,41 @@ def test_hub_unavailable_is_shown_in_the_page(browser: Any, dataset: Path, tmp_p
     assert table(browser) == {}
 
 
-def test_chromium_is_what_ci_installs() -> None:
-    # The browser tests above must not be skipped in CI by accident.
+def test_ci_installs_chromium_and_runs_the_tests_requiring_it() -> None:
+    # The browser tests above must not be skipped in CI by accident: .ci/run installs the browser
+    # and runs README's test command with the variable that makes a missing browser a failure.
     ci = (REPO / ".ci" / "run").read_text(encoding="utf-8")
-    assert "chromium chromium-driver" in ci
-    assert shutil.which("chromium") or not os.environ.get("CI"), "CI must have chromium installed"
+    assert "apt-get install -y --no-install-recommends chromium chromium-driver" in ci
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    command = "pytest tests -n 2"
+    assert f"&& {command}\n" in readme, "README's test command changed: update .ci/run and this test"
+    assert f"&& {REQUIRE_BROWSER}=1 {command}\n" in ci
+
+
+def test_a_missing_browser_fails_the_browser_tests_when_required(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The fixture itself, in a session of its own (a subprocess, so this module stays untouched)
+    # whose browser path points nowhere: skipped by default, failed with the variable set.
+    pytester.makeconftest("")
+    pytester.makepyfile(
+        test_browser=f"""
+        import sys
+        from pathlib import Path
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        import test_viewer
+        test_viewer.CHROMIUM = Path("/nonexistent/chromium")
+        from test_viewer import browser  # noqa: F401
+
+        def test_uses_it(browser):
+            pass
+        """
+    )
+    # The model-checking plugin is not what is tested, and would want a catalog here.
+    args = ("-p", "no:cacheprovider", "-p", "no:neuron_support")
+    monkeypatch.delenv(REQUIRE_BROWSER, raising=False)
+    pytester.runpytest_subprocess(*args).assert_outcomes(skipped=1)
+    monkeypatch.setenv(REQUIRE_BROWSER, "1")
+    failed = pytester.runpytest_subprocess(*args)
+    failed.assert_outcomes(errors=1)
+    failed.stdout.fnmatch_lines([f"*{REQUIRE_BROWSER}=1 requires them*"])

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -111,9 +112,14 @@ def test_models_tiny_yaml_lists_the_zoo_with_the_zoo_prompt() -> None:
     assert [(e["id"], e["tags"][-1]) for e in entries if e.get("cores") == 4] == [("tiny-random/olmo2", "tp4")]
 
 
-def test_fingerprint_is_stable_across_processes() -> None:
+def test_fingerprint_is_stable_across_processes(monkeypatch: pytest.MonkeyPatch) -> None:
     fp = zoo.zoo_fingerprint()
-    assert len(fp) == 16 and int(fp, 16) >= 0
+    # A directory name (zoo-<fp>): lowercase hex only (int(fp, 16) would also take "-1", "0x1f").
+    assert re.fullmatch(r"[0-9a-f]{16}", fp), fp
+    # It follows the definition: a new ZOO_VERSION is a new fingerprint, so the zoo is rebuilt.
+    with monkeypatch.context() as patched:
+        patched.setattr(zoo.spec, "ZOO_VERSION", zoo.ZOO_VERSION + 1)
+        assert zoo.zoo_fingerprint() != fp
     code = "from pytest_neuron_support import zoo; print(zoo.zoo_fingerprint())"
     for seed in ("0", "12345"):
         assert _run_python(code, _clean_env(PYTHONHASHSEED=seed)).strip() == fp
@@ -167,7 +173,7 @@ def test_install_snapshot_uses_the_hub_cache_layout(tmp_path: Path) -> None:
 
     repo = cache / "models--tiny-broken--example"
     commit = (repo / "refs" / "main").read_text()
-    assert len(commit) == 40 and int(commit, 16) >= 0
+    assert re.fullmatch(r"[0-9a-f]{40}", commit), commit  # what huggingface_hub takes for a commit hash
     assert snapshot == repo / "snapshots" / commit
     for rel, content in files.items():
         link = snapshot / rel
