@@ -32,7 +32,7 @@ from . import items as catalog_items
 from . import options as cli_options
 from .caches import ReferenceCache
 from .catalog import CORE_COUNTS, DTYPES, TASKS, CatalogError, ModelSpec, cli_model
-from .checks import DEFAULT_MIN_COSINE, compare, compare_embeddings
+from .checks import DEFAULT_MIN_COSINE, compare_embeddings
 from .cores import SLICE_ENV, CorePool, Lease
 from .devices import DeviceKind
 from .execution import ProcessOutcome
@@ -52,6 +52,7 @@ from .pipeline import (
     planned_row,
     run_spec,
     slug,
+    with_parity,
 )
 from .planning import Plan
 from .records import Row
@@ -761,22 +762,7 @@ def user_row(
                 cosine_threshold=threshold,
             )
         if run is not None and run.ok and not run.spec.sentences:
-            parity = compare(
-                run.tokens,
-                reference.tokens,
-                (run.result or {}).get("top_logprobs", ()),
-                reference.result.get("top_logprobs", ()),
-            )
-            row = replace(
-                row,
-                reference_match=parity.match,
-                near_tie=parity.near_tie,
-                matched_prefix=parity.matched_prefix,
-                first_divergence=parity.first_divergence,
-                device_token=parity.device_token,
-                reference_token=parity.reference_token,
-                logprob_gap=parity.logprob_gap,
-            )
+            row = with_parity(row, {**(run.result or {}), "tokens": run.tokens}, reference.result)
     if evidence.verdicts:
         verdict = evidence.verdicts[-1]
         row = replace(

@@ -235,8 +235,8 @@ def positive_int(flag: str, upper: int | None = None) -> Callable[[str], int]:
     return check
 
 
-def positive_float(flag: str, example: str) -> Callable[[str], float]:
-    """A number above 0."""
+def positive_float(flag: str, example: str, what: str = "number") -> Callable[[str], float]:
+    """A number above 0 (``what`` names it in the error, e.g. "number of seconds")."""
 
     def check(value: str) -> float:
         try:
@@ -244,7 +244,7 @@ def positive_float(flag: str, example: str) -> Callable[[str], float]:
         except ValueError:
             number = -1.0
         if not number > 0:
-            raise pytest.UsageError(f"{flag}={value!r} must be a positive number, e.g. {flag}={example}")
+            raise pytest.UsageError(f"{flag}={value!r} must be a positive {what}, e.g. {flag}={example}")
         return number
 
     return check
@@ -252,17 +252,7 @@ def positive_float(flag: str, example: str) -> Callable[[str], float]:
 
 def seconds(flag: str) -> Callable[[str], float]:
     """A positive number of seconds."""
-
-    def check(value: str) -> float:
-        try:
-            number = float(value)
-        except ValueError:
-            number = -1.0
-        if not number > 0:
-            raise pytest.UsageError(f"{flag}={value!r} must be a positive number of seconds, e.g. 3600")
-        return number
-
-    return check
+    return positive_float(flag, "3600", what="number of seconds")
 
 
 def fraction(flag: str) -> Callable[[str], float]:

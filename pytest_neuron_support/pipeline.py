@@ -707,12 +707,17 @@ def _reference(
     run.result = reference
     if model.embedding:
         return _with_embedding_parity(model, row, result, reference), None
+    return replace(with_parity(row, result, reference), reference_tokens=tuple(reference["tokens"])), None
+
+
+def with_parity(row: Row, result: Mapping[str, Any], reference: Mapping[str, Any]) -> Row:
+    """The free-running parity of a device result against a CPU reference (tokens, and the top
+    logprobs that tell a near-tie) into the row's parity columns."""
     parity = compare(
         result["tokens"], reference["tokens"], result.get("top_logprobs", ()), reference.get("top_logprobs", ())
     )
-    row = replace(
+    return replace(
         row,
-        reference_tokens=tuple(reference["tokens"]),
         reference_match=parity.match,
         near_tie=parity.near_tie,
         matched_prefix=parity.matched_prefix,
@@ -721,7 +726,6 @@ def _reference(
         reference_token=parity.reference_token,
         logprob_gap=parity.logprob_gap,
     )
-    return row, None
 
 
 def _with_embedding_parity(model: ModelSpec, row: Row, result: Mapping[str, Any], reference: Mapping[str, Any]) -> Row:

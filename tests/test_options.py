@@ -15,7 +15,7 @@ from pytest_neuron_support.planning import DEFAULT_HEADROOM
         (options.positive_int("--neuron-cores"), "zero", "--neuron-cores='zero' is not an integer"),
         (options.positive_int("--max-new-tokens", 4096), "5000", "at least 1 and at most 4096"),
         (options.positive_float("--core-memory-gib", "24"), "-1", "--core-memory-gib='-1' must be a positive number"),
-        (options.seconds("--model-timeout"), "soon", "positive number of seconds, e.g. 3600"),
+        (options.seconds("--model-timeout"), "soon", "positive number of seconds, e.g. --model-timeout=3600"),
         (options.fraction("--memory-headroom"), "1", "must be a fraction in [0, 1)"),
         (options.core_choice, "3", "--max-cores=3 is not a core count a model can use; pass one of 1, 2, 4, 8, 16"),
         (options.prompt_text, "   ", "--prompt is empty"),
