@@ -83,7 +83,8 @@ class CatalogFile(pytest.File):
     def collect(self) -> Iterator[pytest.Item]:
         # Under xdist the controller planned every model once and handed the plans over: a worker
         # asks the Hub nothing, so every worker collects the same items in the same order.
-        plans = self.config.stash.get(plans_key, None) or plan_catalog(self.config)
+        # (An empty dict handed over is an answer too: every model was gated, nothing to plan.)
+        plans = self.config.stash[plans_key] if plans_key in self.config.stash else plan_catalog(self.config)
         for model in self.config.stash[catalog_key]:
             item = ModelItem.from_parent(self, name=model.id)
             item.stash[model_key] = model
