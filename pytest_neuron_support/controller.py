@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,10 +36,12 @@ from .pipeline import (
 from .planning import Plan
 from .records import current_stack
 from .reporting import ResultsWriter, writer_key
+from .suite import item_name
 
 WORKERINPUT_KEY = "neuron_support"
 WORKERINPUT_PLANS = "neuron_support_plans"
-#: model id -> its plan, made once per session (on the xdist controller, or at collection without xdist).
+#: model id -> its plan, made once per session for the selected models (on the xdist controller; without
+#: xdist once selection is done).
 plans_key = pytest.StashKey[dict[str, Plan]]()
 
 resolved_key = pytest.StashKey["Resolved"]()
@@ -53,6 +56,9 @@ def _sweep_requested(config: pytest.Config, options: Options) -> bool:
     if options.models_file_explicit or options.extra_models:
         return True
     target = options.models_file
+    if not target.exists():
+        # The default catalog is absent (a project of the user's own): its tests run, no sweep.
+        return False
     for arg in config.args:
         path = Path(arg.split("::")[0]).resolve()
         if path == target or (path.is_dir() and target.is_relative_to(path)):
@@ -222,8 +228,9 @@ def configure(config: pytest.Config) -> None:
     config.stash[writer_key] = writer
     config.pluginmanager.register(writer, "neuron-support-results-writer")
     if config.getoption("dist", "no") != "no":
-        # xdist: plan every model here, once, and hand the plans to the workers (workerinput).
-        config.stash[plans_key] = plan_catalog(config)
+        # xdist: plan the selected models here, once, and hand the plans to the workers (workerinput).
+        models = config.stash[catalog_key]
+        config.stash[plans_key] = plan_models(config, selected_models(config, models))
     config.pluginmanager.register(Controller(config), "neuron-support-controller")
 
 
@@ -273,15 +280,55 @@ class Controller:
         return CostOrderScheduling(config, log)
 
 
-def plan_catalog(config: pytest.Config) -> dict[str, Plan]:
-    """Every catalog model's plan (models that must not run have none), asking the Hub at most once
+def plan_models(config: pytest.Config, models: Iterable[ModelSpec]) -> dict[str, Plan]:
+    """The plans of these models (models that must not run have none), asking the Hub at most once
     per model; once it proved unreachable, the rest are planned from the local cache only, so a
     sweep never waits through the client's retries model after model."""
     settings = config.stash[settings_key]
     plans: dict[str, Plan] = {}
     local_only = False
-    for model in config.stash[catalog_key]:
+    for model in models:
         if gate(model, settings) is None:
             plans[model.id], unreachable = plan_model(model, settings, local_only=local_only)
             local_only = local_only or unreachable
     return plans
+
+
+def selected_models(config: pytest.Config, models: Iterable[ModelSpec]) -> list[ModelSpec]:
+    """The catalog models whose items ``-k`` and ``-m`` keep, decided on the xdist controller (which
+    collects nothing) with the names pytest matches on each item: the item's name
+    (``test_model[<id>]``), its file and folders, its entry's tags; the suite's items carry no marks.
+
+    pytest's expression language is not public API: if it moves, every model is kept (planned),
+    which costs Hub requests, never a wrong selection (the workers still select themselves)."""
+    try:
+        from _pytest.mark.expression import Expression
+    except ImportError:  # pragma: no cover - depends on the pytest release
+        return list(models)
+    keyword = (config.option.keyword or "").strip()
+    markexpr = (config.option.markexpr or "").strip()
+    if not keyword and not markexpr:
+        return list(models)
+    try:
+        keyword_expr = Expression.compile(keyword) if keyword else None
+        mark_expr = Expression.compile(markexpr) if markexpr else None
+    except Exception:  # a malformed expression: pytest's own selection says so on every worker
+        return list(models)
+    path = config.stash[options_key].models_file
+    try:
+        parts = path.relative_to(config.rootpath).parts
+    except ValueError:
+        parts = (path.name,)
+    kept = []
+    for model in models:
+        names = {*parts, item_name(model.id), *model.tags}
+
+        def matches(subname: str, /, **kwargs: object) -> bool:
+            return any(subname.lower() in name.lower() for name in names)  # noqa: B023 (used at once)
+
+        if keyword_expr is not None and not keyword_expr.evaluate(matches):
+            continue
+        if mark_expr is not None and not mark_expr.evaluate(lambda name, /, **kwargs: False):
+            continue
+        kept.append(model)
+    return kept

@@ -36,22 +36,25 @@ from .checks import DEFAULT_MIN_COSINE, compare_embeddings
 from .cores import SLICE_ENV, CorePool, Lease
 from .devices import DeviceKind
 from .execution import ProcessOutcome
+from .explain import Verdict
 from .pipeline import (
+    ReferenceRun,
     Settings,
-    _failure,
-    _judge,
-    _ReferenceRun,
-    _stage_name,
-    _with_cache_counts,
-    _with_device_result,
     base_row,
     core_pool,
+    failure_of,
     gate,
+    judge_row,
     min_cosine_of,
     plan_model,
     planned_row,
+    run_model,
     run_spec,
+    settings_hash,
     slug,
+    stage_name,
+    with_cache_counts,
+    with_device_result,
     with_parity,
 )
 from .planning import Plan
@@ -67,6 +70,7 @@ FIXTURES: tuple[str, ...] = (
     "neuron_run",
     "neuron_reference",
     "neuron_judge",
+    "neuron_check",
 )
 #: ``@pytest.mark.neuron_model`` keywords: the catalog fields a test may set.
 MODEL_FIELDS: tuple[str, ...] = ("task", "revision", "dtype", "prompt", "cores", "trust_remote_code", "min_cosine")
@@ -132,6 +136,7 @@ class LazyResults:
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
         self.writer: reporting.ResultsWriter | None = None
+        self.started = time.time()
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if self.writer is None:
@@ -139,6 +144,14 @@ class LazyResults:
                 return
             self.writer = reporting.ResultsWriter(session_settings(self.config), ())
         self.writer.pytest_runtest_logreport(report)
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_handlecrashitem(self, crashitem: str, report: pytest.TestReport, sched: Any) -> None:
+        """xdist: a worker died mid-test; a test that had started a neuron fixture still gets its row."""
+        settings = session_settings(self.config)
+        row = reporting.crashed_test_row(settings, crashitem, report.longrepr, self.started)
+        if row is not None:
+            report.user_properties.append((reporting.ROW_PROPERTY, row.to_json()))
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if self.writer is not None:
@@ -348,7 +361,7 @@ class Judge:
         else:
             text, tokens, result = subject, (), {}
         probe = Row(model_id=self.model, result="PASS", text=text, tokens=tokens)
-        judged, failure = _judge(probe, self.settings, self._workdir, self._environ, result)
+        judged, failure = judge_row(probe, self.settings, self._workdir, self._environ, result)
         if failure and failure["result"] != "FAIL":  # the judge itself broke: not a verdict on the text
             self._evidence.failure = (failure["result"], "judge", str(failure["error"]))
             pytest.fail(f"the judge {self.model} failed: {failure['error']}", pytrace=False)
@@ -376,6 +389,8 @@ class Evidence:
         gated: the catalog's row for a model that must not run (remote code not allowed): the test's
             row is that EXCLUDED row.
         reference_run: the CPU reference started beside the device run.
+        row: the row ``neuron_check`` made (a catalog item's row is exactly this).
+        resumed: ``--resume`` found this catalog item's row already recorded: it gets no new one.
     """
 
     model: ModelSpec | None = None
@@ -387,7 +402,9 @@ class Evidence:
     failure: tuple[str, str, str] | None = None
     skip_stage: str | None = None
     gated: Row | None = None
-    reference_run: _ReferenceRun | None = None
+    reference_run: ReferenceRun | None = None
+    row: Row | None = None
+    resumed: bool = False
 
 
 def evidence_of(item: pytest.Item) -> Evidence:
@@ -445,7 +462,14 @@ def _wants_model(request: pytest.FixtureRequest) -> bool:
 
 def _workdir(settings: Settings, item: pytest.Item) -> Path:
     """A user test's runs live beside the catalog's, under ``runs/tests/<node id>/<device>``."""
-    return settings.results_dir / "runs" / "tests" / slug(item.nodeid) / settings.device.name
+    return reporting.user_test_dir(settings.results_dir, item.nodeid) / settings.device.name
+
+
+def _started(request: pytest.FixtureRequest, settings: Settings, model_id: str | None = None) -> None:
+    """A user's test starts its first neuron fixture: leave the marker its crash row is made from."""
+    node: pytest.Item = request.node
+    if catalog_items.model_key not in node.stash:  # a catalog item's crash row comes from the catalog
+        reporting.mark_started(settings.results_dir, node.nodeid, model_id)
 
 
 @pytest.fixture
@@ -478,6 +502,7 @@ def neuron_model(request: pytest.FixtureRequest) -> ModelSpec:
         _fail_marker(exc)
     assert model is not None
     evidence.model = model
+    _started(request, session_settings(request.config), model.id)
     gated = gate(model, session_settings(request.config))
     if gated is not None:
         evidence.gated = gated
@@ -507,6 +532,10 @@ def neuron_plan(request: pytest.FixtureRequest, neuron_model: ModelSpec) -> Plan
     if plan.skip is not None:
         evidence.skip_stage = "plan"
         pytest.skip(f"plan: {plan.skip}")
+    if plan.error is not None and "neuron_check" not in request.fixturenames:
+        # neuron_check turns a plan error into its row (ERROR at plan); anything else cannot go on.
+        evidence.failure = ("ERROR", "plan", plan.error)
+        pytest.fail(f"ERROR at stage plan: {plan.error}", pytrace=False)
     return plan
 
 
@@ -524,6 +553,7 @@ def neuron_cores(request: pytest.FixtureRequest) -> Iterator[CoreLease]:
     node: pytest.Item = request.node
     evidence = evidence_of(node)
     settings = session_settings(request.config)
+    _started(request, settings)
     try:
         count = marker_cores(node)
     except MarkerError as exc:
@@ -569,8 +599,8 @@ def _device_run(spec: RunSpec, source: str, outcome: ProcessOutcome, directory: 
     )
     if result is not None and result.get("ok"):
         return DeviceRun(spec, source, directory, result, "ok", None, None, timings)
-    status, stage, error = _failure(outcome, "run.py")
-    return DeviceRun(spec, source, directory, result, status, _stage_name(stage, False), scrub(error) or "", timings)
+    status, stage, error = failure_of(outcome, "run.py")
+    return DeviceRun(spec, source, directory, result, status, stage_name(stage, False), scrub(error) or "", timings)
 
 
 @pytest.fixture
@@ -596,7 +626,7 @@ def neuron_run(
     environ = dict(os.environ)
     if "neuron_reference" in request.fixturenames and evidence.reference_run is None:
         # The CPU reference needs no cores: it runs beside the device run (unless the cache has it).
-        evidence.reference_run = _ReferenceRun(neuron_model, settings, workdir, environ)
+        evidence.reference_run = ReferenceRun(neuron_model, settings, workdir, environ)
     post_load = config.hook.pytest_neuron_support_post_load(config=config, model=neuron_model) or ""
     spec = run_spec(
         neuron_model, settings, device=settings.device, reference=False, post_load=post_load, plan=neuron_plan
@@ -648,7 +678,7 @@ def neuron_reference(request: pytest.FixtureRequest, neuron_model: ModelSpec) ->
     settings = session_settings(request.config)
     commit = request.getfixturevalue("neuron_run").commit if "neuron_run" in request.fixturenames else None
     workdir = _workdir(settings, node)
-    run = evidence.reference_run or _ReferenceRun(neuron_model, settings, workdir, dict(os.environ))
+    run = evidence.reference_run or ReferenceRun(neuron_model, settings, workdir, dict(os.environ))
     cache = ReferenceCache(settings.reference_cache) if settings.reference_cache is not None else None
     cached = cache.get(run.key, commit) if cache is not None and commit is not None else None
     if cached is not None:
@@ -657,7 +687,7 @@ def neuron_reference(request: pytest.FixtureRequest, neuron_model: ModelSpec) ->
     else:
         outcome = run.outcome()
         if outcome.result is None or not outcome.result.get("ok"):
-            status, _, error = _failure(outcome, "CPU reference run.py")
+            status, _, error = failure_of(outcome, "CPU reference run.py")
             evidence.failure = (status, "reference", scrub(error) or "")
             pytest.fail(f"{status} at stage reference: {scrub(error)}", pytrace=False)
         if cache is not None:
@@ -678,7 +708,111 @@ def neuron_judge(request: pytest.FixtureRequest) -> Judge:
     """
     node: pytest.Item = request.node
     settings = session_settings(request.config)
+    _started(request, settings)
     return Judge(settings, _workdir(settings, node), dict(os.environ), evidence_of(node))
+
+
+@dataclass(frozen=True)
+class ModelCheck:
+    """The whole check a catalog item makes of one model (what ``neuron_check`` returns).
+
+    Attributes:
+        row: the row the dataset records: result, stage, error, plan, lease, timings, memory, and
+            the evidence that decided it (``verdict_basis``, parity, teacher-forced CPU check, judge).
+        directory: the folder of its runs (``device/``, ``reference/``, ``cpu-check/``, ``judge/``,
+            each with run.py, result.json and log.txt).
+    """
+
+    row: Row
+    directory: Path
+
+    @property
+    def result(self) -> Verdict:
+        """``PASS``, ``FAIL`` or ``ERROR``: a ``str``; ``assert check.result == "PASS"`` explains itself."""
+        return Verdict(self.row, self.directory)
+
+    @property
+    def passed(self) -> bool:
+        return self.row.result == "PASS"
+
+    @property
+    def tokens(self) -> list[int]:
+        """The device's greedy tokens."""
+        return list(self.row.tokens)
+
+    @property
+    def text(self) -> str:
+        return self.row.text or ""
+
+
+@pytest.fixture
+def neuron_check(request: pytest.FixtureRequest, neuron_model: ModelSpec, neuron_plan: Plan) -> ModelCheck:
+    """The catalog's whole check of the test's model (a ``ModelCheck``), exactly as a catalog item runs it.
+
+    The plan's cores are leased (``neuron_cores``), run.py runs on the device, the CPU reference
+    beside it (one-core and embedding runs), the teacher-forced CPU check over the device's tokens
+    (every generation run) and the judge (sharded runs); the lease is released the moment the
+    device run ends. A model that fails is not an exception here but the row's result, so the test
+    decides: ``assert neuron_check.result == "PASS"`` shows, when it fails, the stage, the error and
+    the evidence (matched prefix, first divergence, both tokens, their gap). A plan that cannot run
+    here (more cores than the pool) skips the test, SKIPPED at stage ``plan``.
+    """
+    node: pytest.Item = request.node
+    config = request.config
+    evidence = evidence_of(node)
+    settings = session_settings(config)
+    if catalog_items.model_key in node.stash:
+        done = config.stash.get(controller.recorded_key, {}).get((neuron_model.id, settings.device.name))
+        if done is not None and done[1] == settings_hash(neuron_model, settings):
+            evidence.resumed = True
+            pytest.skip(f"resumed: {done[0]} already recorded for this stack and settings")
+        directory = settings.results_dir / "runs" / slug(neuron_model.id) / settings.device.name
+    else:
+        directory = _workdir(settings, node)
+    row = planned_row(neuron_model, settings, neuron_plan)
+    if row.failure_stage != "plan":  # SKIPPED or ERROR at plan: nothing to run
+        post_load = config.hook.pytest_neuron_support_post_load(config=config, model=neuron_model) or ""
+        lease: CoreLease = request.getfixturevalue("neuron_cores")
+        planned = row
+        try:
+            row = run_model(
+                neuron_model,
+                settings,
+                neuron_plan,
+                cores=(lease.first, lease.count),
+                post_load=post_load,
+                workdir=directory,
+                # The verdict needs no cores: free them once the device run ends.
+                release=lease.release,
+            )
+        except Exception as exc:  # the harness itself broke (disk full, ...): still a row
+            row = replace(
+                planned,
+                result="ERROR",
+                failure_stage="harness",
+                verdict_basis="run",
+                error=f"{type(exc).__name__}: {exc}",
+            )
+    evidence.row = row
+    if row.result == "SKIPPED":
+        evidence.skip_stage = row.failure_stage
+        pytest.skip(f"skipped: {row.error}")
+    return ModelCheck(row, directory)
+
+
+def catalog_row(item: pytest.Item, evidence: Evidence, report: pytest.TestReport, settings: Settings) -> Row:
+    """A catalog item's row: the one ``neuron_check`` made; else the reason nothing ran (EXCLUDED,
+    SKIPPED or ERROR at plan); else the harness broke before the check (ERROR at ``harness``)."""
+    if evidence.row is not None:
+        return evidence.row
+    if evidence.gated is not None:
+        return evidence.gated
+    model = item.stash[catalog_items.model_key]
+    row = base_row(model, settings) if evidence.plan is None else planned_row(model, settings, evidence.plan)
+    if row.failure_stage == "plan":
+        return row
+    text = scrub(report.longreprtext) or ""
+    return replace(row, result="ERROR", failure_stage="harness", verdict_basis="run", error=text[:ERROR_CHARS])
 
 
 def _uses_fixtures(item: pytest.Item) -> bool:
@@ -696,7 +830,13 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
             settings = session_settings(item.config)
         except pytest.UsageError:  # the session cannot run anything; the setup error says why
             return report
-        row = user_row(item, evidence_of(item), report, call, settings)
+        evidence = evidence_of(item)
+        if evidence.resumed:  # its row is already in the dataset
+            return report
+        if catalog_items.model_key in item.stash:
+            row = catalog_row(item, evidence, report, settings)
+        else:
+            row = user_row(item, evidence, report, call, settings)
         report.user_properties.append((reporting.ROW_PROPERTY, row.to_json()))
     return report
 
@@ -728,6 +868,13 @@ def user_row(
             max_new_tokens=None,
         )
     row = replace(row, test=item.nodeid, source="test", verdict_basis="test")
+    if evidence.row is not None:
+        # neuron_check made the row; the test's outcome still decides its result (unless the
+        # check's own non-PASS result is what failed it).
+        checked = replace(evidence.row, test=item.nodeid, source="test")
+        if evidence.row.result != "PASS" and report.failed and report.when == "call":
+            return checked
+        return replace(checked, **_outcome_fields(evidence, report, call))
     lease = evidence.lease
     if lease is not None:
         row = replace(
@@ -742,7 +889,7 @@ def user_row(
     if run is not None:
         row = replace(row, runscript=run.runscript, run_s=run.timings.run_s)
         if run.result is not None:
-            row = _with_cache_counts(_with_device_result(row, run.result), run.result)
+            row = with_cache_counts(with_device_result(row, run.result), run.result)
     reference = evidence.reference
     if reference is not None:
         row = replace(

@@ -357,7 +357,7 @@ def _execute(
     )
 
 
-class _ReferenceRun:
+class ReferenceRun:
     """One item's CPU reference: its spec, its cache key, and its run.
 
     The run starts at once, in a thread of its own beside the device run, unless the reference
@@ -400,7 +400,7 @@ class _ReferenceRun:
             self._thread.join()
 
 
-def _failure(outcome: ProcessOutcome, what: str) -> tuple[str, str, str]:
+def failure_of(outcome: ProcessOutcome, what: str) -> tuple[str, str, str]:
     """(result, failure_stage, error) for a run.py that did not succeed."""
     result = outcome.result
     if outcome.timed_out:
@@ -423,7 +423,7 @@ def _failure(outcome: ProcessOutcome, what: str) -> tuple[str, str, str]:
     )
 
 
-def _stage_name(stage: str, reference: bool) -> str:
+def stage_name(stage: str, reference: bool) -> str:
     if reference:
         return "reference"
     return stage if stage in ("load", "compile", "generate") else "load" if stage == "start" else stage
@@ -469,6 +469,7 @@ def run_model(
     post_load: str = "",
     env: Mapping[str, str] | None = None,
     release: Callable[[], None] | None = None,
+    workdir: Path | None = None,
 ) -> Row:
     """Check one model end to end and return its row. ``cores`` is the lease (first, count).
 
@@ -478,7 +479,8 @@ def run_model(
     environ = dict(os.environ if env is None else env)
     first, count = cores
     row = replace(planned_row(model, settings, plan), first_core=first, lease_start=round(time.time(), 3))
-    workdir = settings.results_dir / "runs" / slug(model.id) / settings.device.name
+    if workdir is None:
+        workdir = settings.results_dir / "runs" / slug(model.id) / settings.device.name
     device_env = {**environ, **settings.device.pin_cores(first, count)}
     if settings.compile_cache is not None:
         device_env[settings.device.compile_cache_env] = str(settings.compile_cache)
@@ -486,7 +488,7 @@ def run_model(
     # The free-running CPU reference: the seed's exact parity for one-core runs, and the embeddings
     # an embedding task is compared with. A sharded generation run is checked teacher-forced only:
     # a free-running CPU run of a model that needs 16 cores is 32 slow decode steps, one forward is not.
-    reference = _ReferenceRun(model, settings, workdir, environ) if not sharded or model.embedding else None
+    reference = ReferenceRun(model, settings, workdir, environ) if not sharded or model.embedding else None
     spec = run_spec(model, settings, device=settings.device, reference=False, post_load=post_load, plan=plan)
     try:
         source, outcome = _execute(spec, workdir / "device", device_env, settings)
@@ -501,16 +503,16 @@ def run_model(
     row = replace(row, runscript=source, run_s=round(outcome.wall_s, 3), lease_end=lease_end)
     result = outcome.result
     if result is not None:
-        row = _with_device_result(row, result)
-        row = _with_cache_counts(row, result)
+        row = with_device_result(row, result)
+        row = with_cache_counts(row, result)
     if result is None or not result.get("ok"):
         if reference is not None:
             reference.cancel()
-        status, stage, error = _failure(outcome, "run.py")
+        status, stage, error = failure_of(outcome, "run.py")
         return replace(
             row,
             result=status,
-            failure_stage=_stage_name(stage, False),
+            failure_stage=stage_name(stage, False),
             verdict_basis="run",
             error=scrub(error, environ),
         )
@@ -537,7 +539,7 @@ def run_model(
     row, forced, failed = _cpu_check(model, settings, row, result, workdir, environ, None)
     if failed:
         return failed
-    row, judged = _judge(row, settings, workdir, environ, result)
+    row, judged = judge_row(row, settings, workdir, environ, result)
     if forced is None:  # the host could not hold the model: the judge decides alone
         row = replace(row, verdict_basis="judge")
         return replace(row, **judged) if judged else replace(row, result="PASS")
@@ -630,7 +632,7 @@ def _cpu_check(
     row = replace(row, cpu_check="ran", cpu_check_s=round(outcome.wall_s, 3))
     checked = outcome.result
     if checked is None or not checked.get("ok"):
-        status, _, error = _failure(outcome, "teacher-forced CPU check run.py")
+        status, _, error = failure_of(outcome, "teacher-forced CPU check run.py")
         failed = replace(
             row, result=status, failure_stage="reference", verdict_basis="run", error=scrub(error, environ)
         )
@@ -681,7 +683,7 @@ def _reference(
     settings: Settings,
     row: Row,
     result: Mapping[str, Any],
-    run: _ReferenceRun,
+    run: ReferenceRun,
     environ: Mapping[str, str],
 ) -> tuple[Row, Row | None]:
     """The CPU reference (cached, or its run) and the comparison with it; the second value is a
@@ -696,7 +698,7 @@ def _reference(
         ref = run.outcome()
         row = replace(row, reference_dtype=ref_spec.dtype, reference_s=round(ref.wall_s, 3), reference_cached=False)
         if ref.result is None or not ref.result.get("ok"):
-            status, _, error = _failure(ref, "CPU reference run.py")
+            status, _, error = failure_of(ref, "CPU reference run.py")
             failed = replace(
                 row, result=status, failure_stage="reference", verdict_basis="run", error=scrub(error, environ)
             )
@@ -751,7 +753,7 @@ def _with_embedding_parity(model: ModelSpec, row: Row, result: Mapping[str, Any]
     return replace(row, result="FAIL", failure_stage="parity", error=error)
 
 
-def _judge(
+def judge_row(
     row: Row, settings: Settings, workdir: Path, environ: Mapping[str, str], result: Mapping[str, Any]
 ) -> tuple[Row, dict[str, Any]]:
     """A sharded run's fluency verdict: cheap checks, then a judge model in its own CPU process.
@@ -778,7 +780,7 @@ def _judge(
     )
     verdict = outcome.result
     if verdict is None or not verdict.get("ok"):
-        status, _, error = _failure(outcome, f"judge {settings.judge_model}")
+        status, _, error = failure_of(outcome, f"judge {settings.judge_model}")
         error = scrub(error, environ) or ""
         return replace(row, judge_verdict=f"judge failed: {error[:300]}"), {
             "result": status,
@@ -807,7 +809,7 @@ def _cpu_env(environ: Mapping[str, str]) -> dict[str, str]:
     return {**{k: v for k, v in environ.items() if k not in _PIN_VARS}, **NO_DEVICE_ENV}
 
 
-def _with_device_result(row: Row, result: Mapping[str, Any]) -> Row:
+def with_device_result(row: Row, result: Mapping[str, Any]) -> Row:
     first_s, second_s = result.get("first_generate_s"), result.get("generate_s")
     compile_s = round(first_s - second_s, 3) if first_s is not None and second_s is not None else None
     versions = result.get("versions") or {}
@@ -841,7 +843,7 @@ def _with_device_result(row: Row, result: Mapping[str, Any]) -> Row:
     )
 
 
-def _with_cache_counts(row: Row, result: Mapping[str, Any]) -> Row:
+def with_cache_counts(row: Row, result: Mapping[str, Any]) -> Row:
     """Compile-cache hits and misses, as run.py counted them (the device's persistent cache)."""
     counts = result.get("compile_cache") or {}
     return replace(row, compile_cache_hits=counts.get("hits"), compile_cache_misses=counts.get("misses"))

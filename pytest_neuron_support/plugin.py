@@ -3,7 +3,9 @@
 - :mod:`.options`: the command-line options and their validation;
 - :mod:`.controller`: the session's setup (catalog, device, settings, results folder) and, on the
   xdist controller, the plugin that hands the device to workers and makes the scheduler;
-- :mod:`.items`: the catalog's entries as pytest items, planned, ordered by cost, sharded;
+- :mod:`.items`: the catalog collected as :mod:`.suite` (one test parametrized over its models),
+  planned after selection, ordered by cost, sharded;
+- :mod:`.explain`: what a failed verdict ``assert`` prints;
 - :mod:`.reporting`: rows out of reports, written crash-safe and then to Parquet;
 - :mod:`.fixtures`: the public fixtures and markers a user's own test composes.
 
@@ -17,8 +19,12 @@ from pathlib import Path
 
 import pytest
 
-from . import controller, hooks, options
-from . import items as catalog_items
+# The suite's verdict is a plain assert: rewritten, so pytest_assertrepr_compare explains it (this
+# must come before anything imports the suite).
+pytest.register_assert_rewrite(f"{__package__}.suite")
+
+from . import controller, explain, hooks, options  # noqa: E402
+from . import items as catalog_items  # noqa: E402
 
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
@@ -41,7 +47,11 @@ def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Col
     return catalog_items.collect_file(file_path, parent)
 
 
-@pytest.hookimpl(tryfirst=True)
+@pytest.hookimpl(trylast=True)  # after -k / -m: only the models that survive selection are planned
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Largest work first (cores x expected seconds), so the sweep's makespan stays short."""
+    """Plan the selected models, then largest work first (cores x expected seconds), then --shard."""
     catalog_items.order_items(config, items)
+
+
+def pytest_assertrepr_compare(config: pytest.Config, op: str, left: object, right: object) -> list[str] | None:
+    return explain.explain(op, left, right)

@@ -10,6 +10,7 @@ import contextlib
 import json
 import shutil
 import tempfile
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -25,11 +26,49 @@ from .dataset import (
 from .pipeline import (
     Settings,
     base_row,
+    slug,
 )
 from .records import Row
+from .storage import write_atomic
+from .suite import item_name
 
 ROW_PROPERTY = "neuron_support_row"
 writer_key = pytest.StashKey["ResultsWriter"]()
+#: The file a user's test that uses the neuron fixtures leaves as it starts, so the controller can
+#: write its row if its worker dies mid-test (the test's own row never reaches the controller).
+STARTED = "started.json"
+
+
+def user_test_dir(results_dir: Path, nodeid: str) -> Path:
+    """Where a user's test keeps its runs and its start marker: ``runs/tests/<node id>/``."""
+    return results_dir / "runs" / "tests" / slug(nodeid)
+
+
+def mark_started(results_dir: Path, nodeid: str, model_id: str | None) -> None:
+    """A user's test that uses the fixtures has started (on a worker): what its crash row needs."""
+    # Written anew each time (its time says which session it belongs to).
+    write_atomic(user_test_dir(results_dir, nodeid) / STARTED, json.dumps({"nodeid": nodeid, "model_id": model_id}))
+
+
+def crashed_test_row(settings: Settings, nodeid: str, longrepr: object, since: float) -> Row | None:
+    """The row of a user's test whose worker died while running it; None when the test never started
+    a neuron fixture in this session (a plain test has no row)."""
+    marker = user_test_dir(settings.results_dir, nodeid) / STARTED
+    try:
+        if marker.stat().st_mtime < since:
+            return None  # left by an earlier session
+        started = json.loads(marker.read_text())
+    except (OSError, ValueError):
+        return None
+    model_id = started.get("model_id") or nodeid
+    return replace(
+        base_row(ModelSpec(id=model_id, source="test"), settings),
+        test=nodeid,
+        source="test",
+        failure_stage="harness",
+        verdict_basis="test",
+        error=f"the pytest worker died while running this test: {longrepr}",
+    )
 
 
 def row_from_report(report: pytest.TestReport) -> Row | None:
@@ -53,7 +92,8 @@ class ResultsWriter:
 
     def __init__(self, settings: Settings, models: tuple[ModelSpec, ...]) -> None:
         self.settings = settings
-        self.models = {model.id: model for model in models}
+        # A catalog item's name is test_model[<its model id>] (suite.item_name).
+        self.models = {item_name(model.id): model for model in models}
         self.parts = PartWriter(settings.results_dir)
         self.rows: list[Row] = []
         self.written: list[Path] = []
@@ -61,21 +101,25 @@ class ResultsWriter:
         self.unsaved: list[Row] = []
         self.write_error: OSError | None = None
         self.rescued: Path | None = None
+        self.started = time.time()
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_handlecrashitem(self, crashitem: str, report: pytest.TestReport, sched: Any) -> None:
         """xdist: a worker died while running ``crashitem`` (its report follows). A catalog item's row
         never reached the controller, so the controller writes one; the sweep goes on with a new worker."""
-        model = self.models.get(crashitem.rsplit("::", 1)[-1])  # a catalog item is named by its model id
+        model = self.models.get(crashitem.rsplit("::", 1)[-1])
         if model is None:
-            return  # not a catalog item (a user's test attaches its own row; a plain test has none)
-        row = replace(
-            base_row(model, self.settings),
-            failure_stage="harness",
-            verdict_basis="run",
-            error=f"the pytest worker died while checking this model: {report.longrepr}",
-        )
-        report.user_properties.append((ROW_PROPERTY, row.to_json()))
+            # A user's test that started a neuron fixture left a marker; a plain test has no row.
+            row = crashed_test_row(self.settings, crashitem, report.longrepr, self.started)
+        else:
+            row = replace(
+                base_row(model, self.settings),
+                failure_stage="harness",
+                verdict_basis="run",
+                error=f"the pytest worker died while checking this model: {report.longrepr}",
+            )
+        if row is not None:
+            report.user_properties.append((ROW_PROPERTY, row.to_json()))
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         row = row_from_report(report)

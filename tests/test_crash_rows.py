@@ -3,6 +3,7 @@ controller writes its row (ERROR at stage harness); the sweep goes on with a new
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pandas as pd
@@ -21,7 +22,7 @@ import signal
 
 
 def pytest_runtest_call(item):
-    if item.name == "tiny-random/qwen3" and os.environ.get("PYTEST_XDIST_WORKER"):
+    if item.name == "test_model[tiny-random/qwen3]" and os.environ.get("PYTEST_XDIST_WORKER"):
         os.kill(os.getpid(), signal.SIGKILL)
 """
 
@@ -41,3 +42,40 @@ def test_a_worker_killed_mid_item_leaves_an_error_row_for_that_item(
     assert "the pytest worker died while checking this model" in crashed.error
     assert "crashed while running" in crashed.error
     assert rows.loc["tiny-random/llama"].result == "EXCLUDED"
+
+
+USER_TEST = """\
+import os
+import signal
+
+import pytest
+
+
+@pytest.mark.neuron_cores(1)
+def test_my_server_dies(neuron_cores):
+    os.kill(os.getpid(), signal.SIGKILL)  # the worker dies holding its lease
+
+
+def test_plain_dies():
+    os.kill(os.getpid(), signal.SIGKILL)  # no neuron fixture: no row
+"""
+
+
+def test_a_worker_killed_in_a_users_fixture_test_leaves_that_tests_row(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_mine=USER_TEST)
+    out = pytester.path / "results"
+    # A marker left by an earlier session must not stand for this one's plain test.
+    stale = out / "runs" / "tests" / "test_mine.py--test_plain_dies" / "started.json"
+    stale.parent.mkdir(parents=True)
+    stale.write_text('{"nodeid": "test_mine.py::test_plain_dies", "model_id": null}')
+    os.utime(stale, (1, 1))
+    result = pytester.runpytest_subprocess("--device=cpu", f"--results-dir={out}", "-n", "2", "-p", "no:cacheprovider")
+    result.assert_outcomes(failed=2)
+    [row] = pd.read_parquet(out / "data").to_dict("records")
+    assert (row["test"], row["model_id"], row["source"]) == (
+        "test_mine.py::test_my_server_dies",
+        "test_mine.py::test_my_server_dies",
+        "test",
+    )
+    assert (row["result"], row["failure_stage"], row["verdict_basis"]) == ("ERROR", "harness", "test")
+    assert "the pytest worker died while running this test" in row["error"] and "crashed" in row["error"]

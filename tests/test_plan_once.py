@@ -18,7 +18,7 @@ SIZES = {"org/a": 4096, "org/b": 2048, "org/c": 1024, "org/d": 512, "org/e": 256
 
 
 def _collect(
-    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, *workers: str
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, *workers: str, fail_every: int = 2
 ) -> tuple[pytest.RunResult, list[str]]:
     """``--collect-only -q`` against a fresh loopback Hub that fails every other request; the
     result and the config.json requests the Hub saw."""
@@ -27,10 +27,11 @@ def _collect(
         for id, n in SIZES.items()
     ]
     with HubServer(models) as server:
-        server.fail_with, server.fail_every = 500, 2
+        if fail_every:
+            server.fail_with, server.fail_every = 500, fail_every
         for name, value in server.env().items():
             monkeypatch.setenv(name, value)
-        cache = pytester.path / f"hub{len(workers)}"  # a fresh, empty cache per run
+        cache = pytester.path / f"hub-{'-'.join(workers)}"  # a fresh, empty cache per run
         monkeypatch.setenv("HF_HUB_CACHE", str(cache))
         monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
         result = pytester.runpytest_subprocess(
@@ -48,7 +49,7 @@ def test_a_flaky_hub_gives_both_workers_one_plan(pytester: pytest.Pytester, monk
     result.stdout.no_fnmatch_line("*Different tests were collected*")
     assert result.ret == pytest.ExitCode.OK, result.stdout.str()
     collected = [line for line in result.stdout.lines if "models.yaml::" in line]
-    assert sorted(collected) == sorted(f"models.yaml::{m}" for m in SIZES), result.stdout.str()
+    assert sorted(collected) == sorted(f"models.yaml::test_model[{m}]" for m in SIZES), result.stdout.str()
     # One planning pass, the controller's: exactly the requests of a session without workers (two
     # workers planning on their own would ask about twice as often, and see different failures).
     assert asked_alone and len(asked) == len(asked_alone), (asked, asked_alone)
@@ -74,3 +75,17 @@ def test_an_uninspectable_model_is_an_error_row_at_plan(pytester: pytest.Pyteste
     )
     assert "cannot inspect org/absent" in row["error"] and "'cores: N' in its catalog entry (line 3)" in row["error"]
     assert pd.isna(row["neuron_cores"]) and pd.isna(row["run_s"])
+
+
+@pytest.mark.parametrize("workers", [(), ("-n", "2")], ids=["alone", "xdist"])
+def test_only_selected_models_are_inspected(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, workers: tuple[str, ...]
+) -> None:
+    # -k by Hub id and by tag: the Hub is asked about exactly the models that survive selection.
+    entries = "".join(f"  - {{id: {m}, task: text-generation, tags: [size{n}]}}\n" for m, n in SIZES.items())
+    pytester.makefile(".yaml", models="models:\n" + entries)
+    result, asked = _collect(pytester, monkeypatch, *workers, "-k", "org/b or size128", fail_every=0)
+    assert result.ret == pytest.ExitCode.OK, result.stdout.str()
+    collected = sorted(line for line in result.stdout.lines if "models.yaml::" in line)
+    assert collected == ["models.yaml::test_model[org/b]", "models.yaml::test_model[org/f]"], result.stdout.str()
+    assert sorted({path.split("/resolve/")[0] for path in asked}) == ["/org/b", "/org/f"], asked

@@ -37,9 +37,18 @@ def test_help_imports_neither_torch_nor_transformers() -> None:
 def test_collect_only_lists_one_item_per_entry_named_by_hub_id(pytester: pytest.Pytester) -> None:
     pytester.makefile(".yaml", models=CATALOG)
     result = pytester.runpytest_subprocess("--device=cpu", "--collect-only", "-q")
-    result.stdout.fnmatch_lines(["models.yaml::org/alpha-qwen", "models.yaml::org/big-one", "models.yaml::org/remote"])
-    selected = pytester.runpytest_subprocess("--device=cpu", "--collect-only", "-q", "-k", "qwen3")
-    selected.stdout.fnmatch_lines(["models.yaml::org/alpha-qwen", "*1/3 tests collected (2 deselected)*"])
+    # One parametrized test, its ids the Hub ids, in cost order (unplanned entries cost nothing).
+    result.stdout.fnmatch_lines(
+        [
+            "models.yaml::test_model[org/alpha-qwen]",
+            "models.yaml::test_model[org/big-one]",
+            "models.yaml::test_model[org/remote]",
+        ]
+    )
+    by_tag = pytester.runpytest_subprocess("--device=cpu", "--collect-only", "-q", "-k", "qwen3")
+    by_tag.stdout.fnmatch_lines(["models.yaml::test_model[org/alpha-qwen]", "*1/3 tests collected (2 deselected)*"])
+    by_id = pytester.runpytest_subprocess("--device=cpu", "--collect-only", "-q", "-k", "org/remote")
+    by_id.stdout.fnmatch_lines(["models.yaml::test_model[org/remote]", "*1/3 tests collected (2 deselected)*"])
 
 
 def test_excluded_and_remote_code_entries_are_skipped_rows(pytester: pytest.Pytester) -> None:
@@ -60,7 +69,7 @@ def test_models_file_option_selects_another_catalog(pytester: pytest.Pytester) -
     other.parent.mkdir()
     other.write_text("models:\n  - id: me/mine\n    task: text-generation\n")
     result = pytester.runpytest_subprocess("--device=cpu", f"--models-file={other}", "--collect-only", "-q")
-    result.stdout.fnmatch_lines(["sub/mine.yaml::me/mine", "*1 test collected*"])
+    result.stdout.fnmatch_lines(["sub/mine.yaml::test_model[me/mine]", "*1 test collected*"])
 
 
 def test_model_option_adds_models(pytester: pytest.Pytester) -> None:
@@ -68,7 +77,7 @@ def test_model_option_adds_models(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest_subprocess(
         "--device=cpu", "--model=me/extra", "--model=org/remote", "--collect-only", "-q"
     )
-    result.stdout.fnmatch_lines(["*::me/extra", "*4 tests collected*"])
+    result.stdout.fnmatch_lines(["models.yaml::test_model[me/extra]", "*4 tests collected*"])
 
 
 def test_plain_test_runs_are_untouched(pytester: pytest.Pytester) -> None:
@@ -83,4 +92,25 @@ def test_repo_catalogs_collect(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest_subprocess(
         "--device=cpu", f"--models-file={repo / 'models.yaml'}", "--collect-only", "-q"
     )
-    result.stdout.fnmatch_lines(["*::Qwen/Qwen3-8B", "* tests collected*"])
+    result.stdout.fnmatch_lines(["*::test_model[[]Qwen/Qwen3-8B[]]", "* tests collected*"])
+
+
+def test_repository_root_runs_the_catalog_and_tests_apart(tmp_path: Path, offline_hub: Path) -> None:
+    # The root conftest.py: `pytest .` at the repository root is a sweep of the catalog only (the
+    # project's tests never ride along), and the header says which suite a session runs.
+    repo = Path(__file__).resolve().parent.parent
+    common = ["-p", "no:cacheprovider", f"--basetemp={tmp_path / 'base'}", "--collect-only"]
+
+    def collect(*args: str) -> str:
+        command = [sys.executable, "-m", "pytest", *common, *args]
+        done = subprocess.run(command, cwd=repo, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done.stdout
+
+    sweep = collect(".", "--device=cpu", "--models-file=models-tiny.yaml", f"--results-dir={tmp_path / 'out'}")
+    assert "suite: the catalog models-tiny.yaml (13 models)" in sweep, sweep
+    items = [line.strip() for line in sweep.splitlines() if line.strip().startswith("<Function ")]
+    assert len(items) == 13 and all(line.startswith("<Function test_model[") for line in items), sweep
+    assert "<Module test_" not in sweep and "<Dir tests>" not in sweep, sweep
+    own = collect("tests/test_options.py")
+    assert "suite: the project's own tests (tests/)" in own and "<Module test_options.py>" in own, own

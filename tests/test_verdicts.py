@@ -99,6 +99,20 @@ def test_fluent_wrong_dead_and_warm_faults_fail_on_cpu_evidence(pytester: pytest
         "--device=cpu", "-n", "2", "--neuron-cores=2", "--results-dir=out", "--reference-cache=refs"
     )
     result.assert_outcomes(failed=3)
+    # The suite's verdict is a plain assert; pytest's explanation of it is the row's evidence.
+    result.stdout.fnmatch_lines(
+        [
+            "*test_model[[]tiny-random/mistral[]]*",
+            "E * assert 'FAIL' == 'PASS'",
+            "E *tiny-random/mistral: FAIL at stage parity, decided by teacher-forced",
+            "E *teacher-forced: 6 of 32 device tokens are not the CPU top-1; matched prefix 3; first divergence at "
+            "index 3: device 523 (CPU rank *) != CPU top-1 455, * nats below",
+            "E *- CPU top-1 [[]285, 349, 381, 455]",
+            "E *+ device    [[]285, 349, 381, 523, *]",
+            "E *run.py, result.json and log.txt: */out/runs/tiny-random--mistral/cpu",
+        ],
+        consecutive=False,
+    )
     df = _rows(pytester, "out")
 
     fluent = df.loc["tiny-random/mistral"]

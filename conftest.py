@@ -1,0 +1,57 @@
+"""The repository's own suite settings (the plugin itself needs none of this; it works wherever it is
+installed).
+
+At the repository root, ``pytest`` runs the Selected catalog (``testpaths = ["models.yaml"]`` in
+pyproject.toml): ``pytest --neuron-cores=16 -k qwen`` on a trn2 host. ``pytest tests`` runs the
+project's own tests. This file keeps the two apart:
+
+- a sweep that walks the whole repository (``pytest .``) runs the catalog only: the project's tests
+  (hundreds of CPU runs of the tiny zoo) never ride along a device sweep, and its results stay rows
+  of models only;
+- the header says which of the two a session runs, so a log shows it at its top;
+- ``benchmarks/`` and ``docs/`` are never collected (scripts and prose, not tests).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent
+TESTS = ROOT / "tests"
+
+collect_ignore = ["benchmarks", "docs"]
+
+
+def _named(config: pytest.Config, path: Path) -> bool:
+    """Whether a command-line argument names ``path`` or something inside it."""
+    for arg in config.args:
+        named = Path(arg.split("::")[0]).resolve()
+        if named == path or named.is_relative_to(path):
+            return True
+    return False
+
+
+def _sweep(config: pytest.Config) -> bool:
+    from pytest_neuron_support.controller import catalog_key
+
+    return catalog_key in config.stash
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    if collection_path == TESTS and _sweep(config) and not _named(config, TESTS):
+        return True
+    return None
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    if _sweep(config):
+        from pytest_neuron_support.controller import catalog_key
+        from pytest_neuron_support.options import options_key
+
+        models = config.stash[catalog_key]
+        return f"suite: the catalog {config.stash[options_key].models_file.name} ({len(models)} models)"
+    if _named(config, TESTS):
+        return "suite: the project's own tests (tests/)"
+    return "suite: as named on the command line"
