@@ -43,7 +43,7 @@ import yaml
 from _common import REPO, sweep, zoo_cache
 from faults import ENV_VAR, FAULT, FAULTS, HEALTHY, applies, conftest
 
-from pytest_neuron_support.pipeline import slug
+from pytest_neuron_support.settings import slug
 from pytest_neuron_support.tasks import GENERATION_TASKS
 
 BENCH = Path(__file__).resolve().parent

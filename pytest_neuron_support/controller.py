@@ -27,15 +27,12 @@ from .dataset import (
 from .devices import DEVICES, DeviceNotFound, compiler_version, fallback_core_bytes, find_device
 from .execution import end_with_parent
 from .options import Options, options_key, parse_options
-from .pipeline import (
-    Settings,
-    gate,
-    plan_model,
-    read_self_check,
-)
+from .pipeline import plan_model
 from .planning import Plan
 from .records import current_stack
 from .reporting import ResultsWriter, writer_key
+from .rows import gate
+from .settings import Settings, read_self_check
 from .suite import item_name
 
 WORKERINPUT_KEY = "neuron_support"

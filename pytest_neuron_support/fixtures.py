@@ -37,30 +37,22 @@ from .cores import SLICE_ENV, CorePool, Lease
 from .devices import DeviceKind
 from .execution import ProcessOutcome
 from .explain import Verdict
-from .pipeline import (
-    ReferenceRun,
-    Settings,
+from .pipeline import ReferenceRun, judge_row, plan_model, run_model, run_spec
+from .planning import Plan
+from .records import Row
+from .redaction import scrub
+from .rows import (
     base_row,
-    core_pool,
     failure_of,
     gate,
-    judge_row,
-    min_cosine_of,
-    plan_model,
     planned_row,
-    run_model,
-    run_spec,
-    settings_hash,
-    slug,
     stage_name,
     with_cache_counts,
     with_device_result,
     with_parity,
 )
-from .planning import Plan
-from .records import Row
-from .redaction import scrub
 from .runscript import RunSpec, render_and_run
+from .settings import Settings, core_pool, min_cosine_of, settings_hash, slug
 
 #: The fixtures this module provides; a test that uses any of them gets a row.
 FIXTURES: tuple[str, ...] = (
@@ -782,6 +774,7 @@ def neuron_check(request: pytest.FixtureRequest, neuron_model: ModelSpec, neuron
                 cores=(lease.first, lease.count),
                 post_load=post_load,
                 workdir=directory,
+                planned=row,
                 # The verdict needs no cores: free them once the device run ends.
                 release=lease.release,
             )

@@ -13,233 +13,46 @@ host cannot hold the model for the CPU check. ``verdict_basis`` names what decid
 
 from __future__ import annotations
 
-import datetime
-import hashlib
-import json
 import os
-import re
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from . import __version__
 from .caches import ReferenceCache, reference_key
-from .catalog import DEFAULT_PROMPT, ModelSpec
+from .catalog import ModelSpec
 from .checks import (
-    DEFAULT_JUDGE,
-    DEFAULT_MIN_COSINE,
     EMBEDDING_SENTENCES,
     TeacherForced,
-    compare,
-    compare_embeddings,
     fluency_precheck,
-    repeat_divergence,
     teacher_forced,
 )
-from .cores import CorePool, neuron_owners
 from .devices import DEVICES, NO_DEVICE_ENV, DeviceKind
 from .execution import ProcessOutcome, run_script
-from .planning import DEFAULT_HEADROOM, DEFAULT_MAX_CORES, DTYPE_BYTES, Plan, PlanningError, inspect_model, plan_cores
-from .records import Row, Stack
+from .planning import DTYPE_BYTES, Plan, PlanningError, inspect_model, plan_cores
+from .records import Row
 from .redaction import scrub
-from .runscript import TEST_CARD_SIZE, JudgeSpec, RunSpec, render_and_run, render_judge
+from .rows import (
+    failure_of,
+    forced_error,
+    planned_row,
+    repeat_failure,
+    single_core_verdict,
+    stage_name,
+    with_cache_counts,
+    with_device_result,
+    with_embedding_parity,
+    with_forced,
+    with_parity,
+)
+from .runscript import JudgeSpec, RunSpec, render_and_run, render_judge
+from .settings import IMAGE_SIZE, Settings, prompt_of, slug
 
-#: Environment variables whose values must never reach run.py, rows or logs.
-
-
-@dataclass(frozen=True)
-class Settings:
-    """Session-wide choices, fixed at configure time.
-
-    Attributes:
-        device: the device kind runs use.
-        pool_cores: most cores this session holds at once (``--neuron-cores``).
-        pool_slice: the host cores it may lease (its slice, in the host's numbering).
-        session: its id in the host-wide core ledger.
-        max_new_tokens: greedy tokens per run.
-        prompt: default prompt (catalog entries may set their own).
-        model_timeout: seconds each run.py process may take before its group is killed.
-        results_dir: dataset root (Parquet under ``data/``, run artifacts under ``runs/``).
-        compile_backend: torch.compile backend for device runs (the device's by default).
-        reference_dtype: dtype of the CPU reference, None = the device run's dtype.
-        allow_remote_code: the user opted in to Hub repository code (--allow-remote-code).
-        stack: versions of the installed stack.
-        core_bytes: memory of one core the planner fills (device-reported or --core-memory-gib).
-        headroom: fraction of each core kept free of weights (--memory-headroom).
-        max_cores: most cores one model may use (--max-cores).
-        lease_dir: directory of the host-wide core ledger (every session on the host shares it).
-        judge_model: Hub id (or local path) of the model that judges sharded runs' fluency.
-        judge_revision: its revision.
-        parity: ``exact`` (every token equal) or ``near-tie`` (a near-tie first divergence passes).
-        reference_cache: directory of cached CPU reference results, None to always rerun them.
-        compile_cache: directory for the device's compile cache (NEFF cache on neuron, inductor's
-            FX graph cache elsewhere), None to leave the environment's choice.
-        host_memory_limit: address-space cap (bytes) of every run.py process, None for none.
-        cpu_check_memory: host memory (bytes) the teacher-forced CPU check of a sharded run may
-            take, None for what the host has available when it starts (--cpu-check-memory-gib).
-        self_check: the host's doctor self-check for this device (``results_dir/doctor.json``), as
-            every row records it; None when none was run.
-    """
-
-    device: DeviceKind
-    pool_cores: int
-    max_new_tokens: int
-    prompt: str
-    model_timeout: float
-    results_dir: Path
-    compile_backend: str
-    reference_dtype: str | None
-    allow_remote_code: bool
-    stack: Stack
-    core_bytes: int = 24 << 30
-    headroom: float = DEFAULT_HEADROOM
-    max_cores: int = DEFAULT_MAX_CORES
-    lease_dir: Path | None = None
-    judge_model: str = DEFAULT_JUDGE
-    judge_revision: str = "main"
-    parity: str = "exact"
-    reference_cache: Path | None = None
-    compile_cache: Path | None = None
-    host_memory_limit: int | None = None
-    cpu_check_memory: int | None = None
-    pool_slice: tuple[int, ...] = ()
-    session: str = ""
-    self_check: str | None = None
-
-
-def core_pool(settings: Settings) -> CorePool:
-    """The session's view of the host-wide core ledger: its slice, its cap, the device's owners."""
-    assert settings.lease_dir is not None
-    command = settings.device.owners_command
-    return CorePool(
-        settings.lease_dir,
-        settings.pool_slice or settings.pool_cores,
-        limit=settings.pool_cores,
-        session=settings.session or None,
-        device=settings.device.name,
-        owners=None if command is None else neuron_owners(command),
-    )
-
-
-#: Graphs a run with static shapes needs: one decoding-step graph (generate() runs the prefill
-#: eagerly), or one forward graph for an embedding task. More is a graph break or a recompile:
-#: on neuron each one is another neuronx-cc compile.
-EXPECTED_GRAPHS = 1
 #: Host memory the CPU check needs per byte of weights in its dtype (activations, logits, the
 #: interpreter and the library around them).
 CPU_CHECK_OVERHEAD = 1.25
-
-
-def slug(model_id: str) -> str:
-    """A directory name for a model id or local path."""
-    return re.sub(r"[^A-Za-z0-9._-]+", "--", model_id.strip("/")) or "model"
-
-
-#: The text turn after the image of an image-text-to-text entry that sets no prompt, while the
-#: session's --prompt is the default (a text continuation prompt says nothing about an image).
-IMAGE_PROMPT = "Describe this image."
-#: (width, height) of the test card run.py draws for image-text-to-text runs.
-IMAGE_SIZE: tuple[int, int] = TEST_CARD_SIZE
-
-
-def prompt_of(model: ModelSpec, settings: Settings) -> str | None:
-    """The prompt a model's runs use; None for embedding tasks, which embed fixed sentences."""
-    if model.embedding:
-        return None
-    if model.prompt:
-        return model.prompt
-    if model.task == "image-text-to-text" and settings.prompt == DEFAULT_PROMPT:
-        return IMAGE_PROMPT
-    return settings.prompt
-
-
-def min_cosine_of(model: ModelSpec) -> float:
-    """The cosine threshold of an embedding task: the entry's ``min_cosine``, else the default."""
-    return DEFAULT_MIN_COSINE if model.min_cosine is None else model.min_cosine
-
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-
-
-def settings_hash(model: ModelSpec, settings: Settings) -> str:
-    """What makes two rows of one model on one stack comparable: a rerun with the same hash
-    would repeat the same check (``--resume`` skips it)."""
-    parts = [
-        model.id,
-        model.revision,
-        model.task,
-        model.dtype,
-        str(prompt_of(model, settings)),
-        str(model.cores),
-        str(settings.max_new_tokens),
-        settings.device.name,
-        settings.compile_backend,
-        str(settings.reference_dtype),
-        settings.parity,
-        settings.judge_model,
-        settings.judge_revision,
-        str(settings.core_bytes),
-        str(settings.headroom),
-        str(settings.max_cores),
-    ]
-    if model.embedding:
-        parts += [repr(min_cosine_of(model)), *EMBEDDING_SENTENCES]
-    return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:16]
-
-
-def base_row(model: ModelSpec, settings: Settings) -> Row:
-    """A row with the model's and stack's identity filled in, before anything runs."""
-    stack = settings.stack
-    return Row(
-        settings_hash=settings_hash(model, settings),
-        model_id=model.id,
-        result="ERROR",
-        revision=model.revision,
-        task=model.task,
-        source=model.source,
-        tags=model.tags,
-        device=settings.device.name,
-        dtype=model.dtype,
-        prompt=prompt_of(model, settings),
-        max_new_tokens=None if model.embedding else settings.max_new_tokens,
-        neuronx_cc=stack.neuronx_cc,
-        torch_neuronx=stack.torch_neuronx,
-        torch=stack.torch,
-        library=stack.library,
-        library_version=stack.library_version,
-        python=stack.python,
-        timestamp=_now(),
-        plugin_version=__version__,
-        self_check=settings.self_check,
-    )
-
-
-def gate(model: ModelSpec, settings: Settings) -> Row | None:
-    """The row for a model that must not run (excluded, remote code not allowed), else None."""
-    row = base_row(model, settings)
-    if model.exclude is not None:
-        return replace(
-            row,
-            result="EXCLUDED",
-            verdict_basis="catalog",
-            exclude_reason=model.exclude.reason,
-            exclude_note=model.exclude.note,
-            error=f"excluded ({model.exclude.reason}): {model.exclude.note}".rstrip(": "),
-        )
-    if model.trust_remote_code and not settings.allow_remote_code:
-        return replace(
-            row,
-            result="EXCLUDED",
-            verdict_basis="catalog",
-            exclude_reason="remote-code",
-            exclude_note="needs trust_remote_code; rerun with --allow-remote-code to run the repository's code",
-            error="remote code not allowed: pass --allow-remote-code to run it",
-        )
-    return None
 
 
 def plan_model(model: ModelSpec, settings: Settings, *, local_only: bool = False) -> tuple[Plan, bool]:
@@ -400,66 +213,6 @@ class ReferenceRun:
             self._thread.join()
 
 
-def failure_of(outcome: ProcessOutcome, what: str) -> tuple[str, str, str]:
-    """(result, failure_stage, error) for a run.py that did not succeed."""
-    result = outcome.result
-    if outcome.timed_out:
-        return "TIMEOUT", outcome.last_stage, f"{what} exceeded the timeout after {outcome.wall_s:.0f}s"
-    if result is not None and not result.get("ok"):
-        return (
-            "ERROR",
-            str(result.get("stage") or outcome.last_stage),
-            f"{result.get('error_type')}: {result.get('error')}",
-        )
-    if outcome.signal_name is not None:
-        hint = " (host out of memory?)" if outcome.signal_name == "SIGKILL" else ""
-        tail = outcome.log_tail(1500)
-        return "ERROR", outcome.last_stage, f"{what} killed by {outcome.signal_name}{hint}\n{tail}".rstrip()
-    tail = outcome.log_tail(1500)
-    return (
-        "ERROR",
-        outcome.last_stage,
-        f"{what} exited with status {outcome.returncode} without a result\n{tail}".rstrip(),
-    )
-
-
-def stage_name(stage: str, reference: bool) -> str:
-    if reference:
-        return "reference"
-    return stage if stage in ("load", "compile", "generate") else "load" if stage == "start" else stage
-
-
-def planned_row(model: ModelSpec, settings: Settings, plan: Plan) -> Row:
-    """The row before running: identity and plan; SKIPPED when the plan cannot run here."""
-    row = replace(
-        base_row(model, settings),
-        neuron_cores=plan.cores or None,
-        tp_size=plan.tp_size,
-        ep_size=plan.ep_size,
-        plan_reason=plan.reason,
-        # weight_bytes is 0 when the model could not be inspected: unknown, not zero.
-        weight_bytes=plan.weight_bytes or None,
-        parameters=plan.weight_bytes // DTYPE_BYTES[model.dtype] if plan.weight_bytes else None,
-        compile_backend=settings.compile_backend,
-    )
-    if plan.error is not None:
-        return replace(row, result="ERROR", failure_stage="plan", verdict_basis="plan", error=plan.error)
-    if plan.skip is not None:
-        return replace(row, result="SKIPPED", failure_stage="plan", verdict_basis="plan", error=plan.skip)
-    fits = core_pool(settings).largest_block() if settings.lease_dir is not None else settings.pool_cores
-    if plan.cores > fits:
-        return replace(
-            row,
-            result="SKIPPED",
-            failure_stage="plan",
-            verdict_basis="plan",
-            error=f"needs {plan.cores} cores but the pool has {settings.pool_cores}"
-            + (f" (at most {fits} contiguous)" if fits < settings.pool_cores else "")
-            + f"; pass --neuron-cores={plan.cores} or more on a machine that has them",
-        )
-    return row
-
-
 def run_model(
     model: ModelSpec,
     settings: Settings,
@@ -470,6 +223,7 @@ def run_model(
     env: Mapping[str, str] | None = None,
     release: Callable[[], None] | None = None,
     workdir: Path | None = None,
+    planned: Row | None = None,
 ) -> Row:
     """Check one model end to end and return its row. ``cores`` is the lease (first, count).
 
@@ -478,7 +232,9 @@ def run_model(
     """
     environ = dict(os.environ if env is None else env)
     first, count = cores
-    row = replace(planned_row(model, settings, plan), first_core=first, lease_start=round(time.time(), 3))
+    # The caller that already built the planned row (to see whether it runs at all) hands it over.
+    planned = planned_row(model, settings, plan) if planned is None else planned
+    row = replace(planned, first_core=first, lease_start=round(time.time(), 3))
     if workdir is None:
         workdir = settings.results_dir / "runs" / slug(model.id) / settings.device.name
     device_env = {**environ, **settings.device.pin_cores(first, count)}
@@ -519,7 +275,7 @@ def run_model(
     if row.repeat_identical is False:
         if reference is not None:
             reference.cancel()
-        return _repeat_failure(row, result)
+        return repeat_failure(row, result)
 
     if model.embedding:
         assert reference is not None
@@ -535,7 +291,7 @@ def run_model(
         if failed:
             return failed
         assert forced is not None
-        return _single_core_verdict(row, settings, forced)
+        return single_core_verdict(row, settings, forced)
     row, forced, failed = _cpu_check(model, settings, row, result, workdir, environ, None)
     if failed:
         return failed
@@ -546,55 +302,7 @@ def run_model(
     row = replace(row, verdict_basis="teacher-forced")
     if forced.passes(settings.parity):
         return replace(row, result="PASS")
-    return replace(row, result="FAIL", failure_stage="parity", error=_forced_error(forced, len(row.tokens)))
-
-
-def _repeat_failure(row: Row, result: Mapping[str, Any]) -> Row:
-    """The warm second run differs from the first: what a user gets from the NEFF cache is not what
-    the first run showed."""
-    if result.get("embeddings") is not None:
-        error = "the second forward pass's embeddings differ from the first's"
-    else:
-        index = row.repeat_divergence
-        again = list(result.get("tokens_again") or ())
-        first = row.tokens[index] if index is not None and index < len(row.tokens) else None
-        second = again[index] if index is not None and index < len(again) else None
-        error = (
-            f"the warm second generate() differs from the first at position {index} of {len(row.tokens)} "
-            f"(first {first}, second {second})"
-        )
-    return replace(row, result="FAIL", failure_stage="generate", verdict_basis="repeat", error=error)
-
-
-def _single_core_verdict(row: Row, settings: Settings, forced: TeacherForced) -> Row:
-    """One core: free-running parity with the CPU reference and the teacher-forced check, both."""
-    row = replace(row, verdict_basis="parity+teacher-forced")
-    free_ok = bool(row.reference_match) or (settings.parity == "near-tie" and bool(row.near_tie))
-    forced_ok = forced.passes(settings.parity)
-    if free_ok and forced_ok:
-        return replace(row, result="PASS")
-    problems = []
-    if not free_ok:
-        n = len(row.reference_tokens)
-        problems.append(
-            f"tokens differ from the CPU reference at index {row.first_divergence} of {n} "
-            f"(device {row.device_token}, reference {row.reference_token}, gap {row.logprob_gap} nats"
-            f"{', a near-tie' if row.near_tie else ''})"
-        )
-    if not forced_ok:
-        problems.append(_forced_error(forced, len(row.tokens)))
-    return replace(row, result="FAIL", failure_stage="parity", error="; ".join(problems))
-
-
-def _forced_error(forced: TeacherForced, n: int) -> str:
-    if forced.positions_checked == 0:
-        return "the teacher-forced CPU check scored no token (the device generated none)"
-    return (
-        f"teacher-forced CPU check: {forced.positions_disagreeing} of {forced.positions_checked} device tokens are not "
-        f"the CPU top-1; first at position {forced.first_disagreement} of {n} (device {forced.device_token}, "
-        f"CPU top-1 {forced.cpu_token}, device token ranked {forced.rank}, {forced.deficit} nats below; "
-        f"max deficit {forced.max_deficit} nats{', all near-ties' if forced.all_near_ties else ''})"
-    )
+    return replace(row, result="FAIL", failure_stage="parity", error=forced_error(forced, len(row.tokens)))
 
 
 def _cpu_check(
@@ -617,7 +325,7 @@ def _cpu_check(
     device_top = result.get("top_logprobs") or ()
     if reference is not None and tuple(reference.get("tokens") or ()) == tokens and "forced" in reference:
         forced = teacher_forced(reference["forced"], device_top)
-        return _with_forced(replace(row, cpu_check="reused", cpu_check_s=0.0), forced), forced, None
+        return with_forced(replace(row, cpu_check="reused", cpu_check_s=0.0), forced), forced, None
     spec = cpu_check_spec(model, settings, tokens)
     short = _cpu_check_memory_shortfall(row, spec, settings)
     if short is not None:
@@ -627,7 +335,7 @@ def _cpu_check(
     cached = cache.get(key, result.get("commit")) if cache is not None else None
     if cached is not None:
         forced = teacher_forced(cached["forced"], device_top)
-        return _with_forced(replace(row, cpu_check="cached", cpu_check_s=0.0), forced), forced, None
+        return with_forced(replace(row, cpu_check="cached", cpu_check_s=0.0), forced), forced, None
     _, outcome = _execute(spec, workdir / "cpu-check", _cpu_env(environ), settings)
     row = replace(row, cpu_check="ran", cpu_check_s=round(outcome.wall_s, 3))
     checked = outcome.result
@@ -640,7 +348,7 @@ def _cpu_check(
     if cache is not None:
         cache.put(key, checked)
     forced = teacher_forced(checked["forced"], device_top)
-    return _with_forced(row, forced), forced, None
+    return with_forced(row, forced), forced, None
 
 
 def _cpu_check_memory_shortfall(row: Row, spec: RunSpec, settings: Settings) -> str | None:
@@ -660,21 +368,6 @@ def _cpu_check_memory_shortfall(row: Row, spec: RunSpec, settings: Settings) -> 
     return (
         f"needs ~{needed / gib:.1f} GiB of host memory ({spec.dtype} weights x {CPU_CHECK_OVERHEAD}), "
         f"{what} {available / gib:.1f} GiB"
-    )
-
-
-def _with_forced(row: Row, forced: TeacherForced) -> Row:
-    return replace(
-        row,
-        positions_checked=forced.positions_checked,
-        positions_disagreeing=forced.positions_disagreeing,
-        first_disagreement=forced.first_disagreement,
-        disagreement_device_token=forced.device_token,
-        disagreement_cpu_token=forced.cpu_token,
-        disagreement_rank=forced.rank,
-        disagreement_deficit=forced.deficit,
-        max_logprob_deficit=forced.max_deficit,
-        disagreements_near_tie=forced.all_near_ties,
     )
 
 
@@ -708,49 +401,8 @@ def _reference(
             cache.put(run.key, reference)
     run.result = reference
     if model.embedding:
-        return _with_embedding_parity(model, row, result, reference), None
+        return with_embedding_parity(model, row, result, reference), None
     return replace(with_parity(row, result, reference), reference_tokens=tuple(reference["tokens"])), None
-
-
-def with_parity(row: Row, result: Mapping[str, Any], reference: Mapping[str, Any]) -> Row:
-    """The free-running parity of a device result against a CPU reference (tokens, and the top
-    logprobs that tell a near-tie) into the row's parity columns."""
-    parity = compare(
-        result["tokens"], reference["tokens"], result.get("top_logprobs", ()), reference.get("top_logprobs", ())
-    )
-    return replace(
-        row,
-        reference_match=parity.match,
-        near_tie=parity.near_tie,
-        matched_prefix=parity.matched_prefix,
-        first_divergence=parity.first_divergence,
-        device_token=parity.device_token,
-        reference_token=parity.reference_token,
-        logprob_gap=parity.logprob_gap,
-    )
-
-
-def _with_embedding_parity(model: ModelSpec, row: Row, result: Mapping[str, Any], reference: Mapping[str, Any]) -> Row:
-    """Cosines of device vs CPU embeddings into the row; a FAIL at stage parity below the threshold."""
-    threshold = min_cosine_of(model)
-    parity = compare_embeddings(result.get("embeddings") or (), reference.get("embeddings") or (), threshold)
-    row = replace(
-        row,
-        verdict_basis="cosine",
-        reference_match=parity.match,
-        min_cosine=None if parity.min_cosine is None else round(parity.min_cosine, 8),
-        cosine_threshold=threshold,
-    )
-    if parity.match:
-        return row
-    if parity.problem is not None:
-        error = f"embeddings cannot be compared with the CPU reference: {parity.problem}"
-    else:
-        error = (
-            f"embeddings differ from the CPU reference: min cosine {parity.min_cosine:.6f} "
-            f"(sentence {parity.worst_index}) is below the threshold {threshold:g}"
-        )
-    return replace(row, result="FAIL", failure_stage="parity", error=error)
 
 
 def judge_row(
@@ -807,60 +459,3 @@ def _cpu_env(environ: Mapping[str, str]) -> dict[str, str]:
     """The environment of a CPU-side run (reference, CPU check, judge): no device core pinning, and
     no device backend autoloaded (importing torch would load torch-neuronx on a trn2 host)."""
     return {**{k: v for k, v in environ.items() if k not in _PIN_VARS}, **NO_DEVICE_ENV}
-
-
-def with_device_result(row: Row, result: Mapping[str, Any]) -> Row:
-    first_s, second_s = result.get("first_generate_s"), result.get("generate_s")
-    compile_s = round(first_s - second_s, 3) if first_s is not None and second_s is not None else None
-    versions = result.get("versions") or {}
-    graphs = result.get("graphs_compiled")
-    tokens = tuple(result.get("tokens") or ())
-    again = result.get("tokens_again")
-    return replace(
-        row,
-        graphs_compiled=graphs,
-        recompiles=result.get("recompiles"),
-        graph_breaks=result.get("graph_breaks"),
-        graph_break_reasons=tuple(result.get("graph_break_reasons") or ()),
-        excess_graphs=None if graphs is None else max(0, int(graphs) - EXPECTED_GRAPHS),
-        repeat_identical=result.get("repeat_identical"),
-        repeat_divergence=None if again is None else repeat_divergence(tokens, again),
-        load_s=_round(result.get("load_s")),
-        first_generate_s=_round(first_s),
-        generate_s=_round(second_s),
-        compile_s=compile_s,
-        peak_device_memory_bytes=result.get("peak_device_memory_bytes"),
-        peak_device_memory_by_rank=tuple(m for m in result.get("peak_device_memory_by_rank") or () if m is not None),
-        fallback_ops=tuple(result.get("fallback_ops") or ()),
-        peak_host_rss_bytes=result.get("peak_host_rss_bytes"),
-        tokens=tokens,
-        distributed_config=json.dumps(result["distributed_config"]) if result.get("distributed_config") else None,
-        text=result.get("text"),
-        torch=versions.get("torch", row.torch),
-        library_version=versions.get("transformers", row.library_version),
-        neuronx_cc=versions.get("neuronx_cc", row.neuronx_cc),
-        torch_neuronx=versions.get("torch_neuronx", row.torch_neuronx),
-    )
-
-
-def with_cache_counts(row: Row, result: Mapping[str, Any]) -> Row:
-    """Compile-cache hits and misses, as run.py counted them (the device's persistent cache)."""
-    counts = result.get("compile_cache") or {}
-    return replace(row, compile_cache_hits=counts.get("hits"), compile_cache_misses=counts.get("misses"))
-
-
-def _round(value: float | None) -> float | None:
-    return None if value is None else round(float(value), 3)
-
-
-def read_self_check(results_dir: Path, device: str) -> str | None:
-    """What ``neuron-support doctor --json <results>/doctor.json`` found for ``device``, as a row keeps
-    it; None when there is no such file, it is unreadable, or it checked another device."""
-    try:
-        data = json.loads((results_dir / "doctor.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    if not isinstance(data, dict) or data.get("device") != device:
-        return None
-    verdict = "passed" if data.get("passed") else "FAILED"
-    return f"{verdict}: {data.get('summary')} at {data.get('timestamp')}"

@@ -23,12 +23,9 @@ from .dataset import (
     dump_rows,
     write_rows,
 )
-from .pipeline import (
-    Settings,
-    base_row,
-    slug,
-)
 from .records import Row
+from .rows import base_row
+from .settings import Settings, slug
 from .storage import write_atomic
 from .suite import item_name
 
