@@ -180,6 +180,50 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _status(args: argparse.Namespace) -> int:
+    """A sweep's progress from another shell: status.json of its results folder, and the host's leases."""
+    import time
+
+    from .cores import CorePool, alive
+    from .progress import duration, read_status, status_lines
+
+    results = Path(args.results_dir)
+    state = read_status(results)
+    if state is None:
+        print(
+            f"no sweep has written {results / 'status.json'}; pass the --results-dir of a running sweep",
+            file=sys.stderr,
+        )
+        return 1
+    now = time.time()
+    if state.finished:
+        print(f"the sweep in {results} finished {duration(now - state.updated)} ago")
+    elif not alive(state.pid):
+        print(
+            f"the sweep in {results} is not running: its controller (pid {state.pid}) is gone; last update "
+            f"{duration(now - state.updated)} ago"
+        )
+    else:
+        print(
+            f"the sweep in {results} is running (controller pid {state.pid}, {state.device}, pool of {state.pool}, "
+            f"started {duration(now - state.started)} ago)"
+        )
+    for line in status_lines(state, results, now):
+        print(line)
+    if state.ledger:
+        pool = CorePool(Path(state.ledger), state.pool, device=state.device)
+        leases, waiting = pool.leases(), pool.waiting()
+        print(
+            f"leases on this host ({state.device}, ledger {state.ledger}): {len(leases)} held, {len(waiting)} waiting"
+        )
+        for lease in sorted(leases, key=lambda x: x.first):
+            span = str(lease.first) if lease.count == 1 else f"{lease.first}-{lease.first + lease.count - 1}"
+            print(f"  cores {span}: {lease.holder} (pid {lease.pid}) for {duration(now - lease.acquired)}")
+        for waiter in waiting:
+            print(f"  waiting for {waiter.count} core(s): pid {waiter.pid} for {duration(now - waiter.since)}")
+    return 0
+
+
 def _neff_target(args: argparse.Namespace, command: str) -> tuple[str, Path] | None:
     """The compiler version and cache directory a ``neff`` command works on, or None (after saying
     why) when no bucket folder can be named for them."""
@@ -281,6 +325,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     runscript.add_argument("--script-only", action="store_true", help="print only run.py (e.g. > run.py)")
     runscript.set_defaults(func=_runscript)
+    status = sub.add_parser("status", help="a running sweep's progress and the host's core leases, from another shell")
+    status.add_argument(
+        "results_dir",
+        nargs="?",
+        default="results",
+        metavar="RESULTS_DIR",
+        help="the sweep's --results-dir (default results)",
+    )
+    status.set_defaults(func=_status)
     report = sub.add_parser("report", help="write the self-contained viewer (index.html) for a dataset")
     report.add_argument("--results-dir", default="results", help="dataset folder (default results)")
     report.add_argument("--models-file", help="catalog for the Selected view (default models.yaml when present)")

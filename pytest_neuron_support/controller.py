@@ -7,6 +7,7 @@ that hands the resolved device to every worker (``workerinput``) and makes the s
 from __future__ import annotations
 
 import dataclasses
+import sys
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -15,8 +16,9 @@ from typing import Any
 
 import pytest
 
+from . import hub
 from .caches import clean_compile_cache
-from .catalog import CatalogError, ModelSpec, load_catalog, merge_models
+from .catalog import Catalog, CatalogError, ModelSpec, load_catalog, merge_models
 from .checks import DEFAULT_JUDGE
 from .cores import session_cores
 from .dataset import (
@@ -29,12 +31,15 @@ from .execution import end_with_parent
 from .options import Options, options_key, parse_options
 from .pipeline import plan_model
 from .planning import Plan
+from .progress import Progress
 from .records import current_stack
 from .reporting import ResultsWriter, writer_key
 from .rows import gate
 from .settings import Settings, read_self_check
 from .suite import item_name
 
+#: The plugin name of the progress lines (controller only).
+PROGRESS_PLUGIN = "neuron-support-progress"
 WORKERINPUT_KEY = "neuron_support"
 WORKERINPUT_PLANS = "neuron_support_plans"
 #: model id -> its plan, made once per session for the selected models (on the xdist controller; without
@@ -132,8 +137,24 @@ def resolve_device(options: Options) -> Resolved:
     )
 
 
+def with_judge(options: Options, catalog: Catalog | None = None) -> Options:
+    """The judge, decided here only: ``--judge-model``, else the catalog's ``judge:``, else the default
+    (a session without a catalog: the default)."""
+    if options.judge_model is not None:
+        model, revision = options.judge_model, "main"
+    elif catalog is not None and catalog.judge_model:
+        model, revision = catalog.judge_model, catalog.judge_revision
+    else:
+        model, revision = DEFAULT_JUDGE, "main"
+    return dataclasses.replace(options, judge_model=model, judge_revision=options.judge_revision or revision)
+
+
 def settings_for(options: Options, resolved: Resolved) -> Settings:
+    """The session's settings from the options (their judge resolved by :func:`with_judge`) and what
+    the controller found out."""
     kind = DEVICES[resolved.device]
+    if options.judge_model is None or options.judge_revision is None:
+        raise ValueError("settings_for needs the judge resolved first: with_judge(options, catalog)")
     return Settings(
         device=kind,
         pool_cores=resolved.pool,
@@ -147,8 +168,8 @@ def settings_for(options: Options, resolved: Resolved) -> Settings:
         compile_backend=options.compile_backend or kind.compile_backend,
         reference_dtype=options.reference_dtype,
         allow_remote_code=options.allow_remote_code,
-        judge_model=options.judge_model or DEFAULT_JUDGE,
-        judge_revision=options.judge_revision or "main",
+        judge_model=options.judge_model,
+        judge_revision=options.judge_revision,
         parity=options.parity,
         reference_cache=options.reference_cache,
         compile_cache=options.neff_cache,
@@ -188,12 +209,7 @@ def configure(config: pytest.Config) -> None:
     except CatalogError as exc:
         raise pytest.UsageError(str(exc)) from None
     config.stash[catalog_key] = merge_models(catalog.models, options.extra_models)
-    # The judge: --judge-model, else the catalog's 'judge:', else the default.
-    if options.judge_model is None:
-        judge = (catalog.judge_model, catalog.judge_revision) if catalog.judge_model else (DEFAULT_JUDGE, "main")
-    else:
-        judge = (options.judge_model, "main")
-    options = dataclasses.replace(options, judge_model=judge[0], judge_revision=options.judge_revision or judge[1])
+    options = with_judge(options, catalog)
     config.stash[options_key] = options
     if _is_worker(config):
         # A worker ends with its controller: its run.py (and that run's ranks) then end with it.
@@ -228,6 +244,16 @@ def configure(config: pytest.Config) -> None:
         # xdist: plan the selected models here, once, and hand the plans to the workers (workerinput).
         models = config.stash[catalog_key]
         config.stash[plans_key] = plan_models(config, selected_models(config, models))
+    settings = config.stash[settings_key]
+    progress = Progress(
+        config,
+        settings.results_dir,
+        settings.device.name,
+        settings.pool_cores,
+        settings.lease_dir,
+        options.progress_interval,
+    )
+    config.pluginmanager.register(progress, PROGRESS_PLUGIN)
     config.pluginmanager.register(Controller(config), "neuron-support-controller")
 
 
@@ -268,6 +294,19 @@ class Controller:
             }
 
     @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
+        """xdist: the progress lines learn the items from the first worker's collection (all agree)."""
+        progress = self.config.pluginmanager.get_plugin(PROGRESS_PLUGIN)
+        if progress is None or progress.planned:
+            return
+        from .items import progress_plan
+        from .progress import model_of
+
+        plans = self.config.stash.get(plans_key, {})
+        catalog = [nodeid for nodeid in ids if model_of(nodeid) != nodeid]
+        progress.expect(progress_plan(self.config, [(nodeid, plans.get(model_of(nodeid))) for nodeid in catalog]))
+
+    @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_make_scheduler(self, config: pytest.Config, log: Any) -> Any:
         """A model sweep under the default ``--dist load`` deals items out in cost order."""
         if config.getvalue("dist") != "load":
@@ -283,11 +322,18 @@ def plan_models(config: pytest.Config, models: Iterable[ModelSpec]) -> dict[str,
     sweep never waits through the client's retries model after model."""
     settings = config.stash[settings_key]
     plans: dict[str, Plan] = {}
-    local_only = False
+    models = [model for model in models if gate(model, settings) is None]
+    # Asked once, up front: without network the whole plan comes from the local cache in seconds.
+    down = hub.unreachable() if models else None
+    local_only = down is not None
+    if down is not None and down != "HF_HUB_OFFLINE=1":
+        sys.stderr.write(
+            f"neuron-support: the Hub is not reachable: {down}; planning {len(models)} model(s) from the local "
+            "cache only (a model not in it is an ERROR at stage plan)\n"
+        )
     for model in models:
-        if gate(model, settings) is None:
-            plans[model.id], unreachable = plan_model(model, settings, local_only=local_only)
-            local_only = local_only or unreachable
+        plans[model.id], unreachable = plan_model(model, settings, local_only=local_only)
+        local_only = local_only or unreachable
     return plans
 
 

@@ -140,7 +140,8 @@ class LeaseTooLarge(ValueError):
 Owners = Callable[[], Mapping[int, int]]
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie does not)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -191,7 +192,7 @@ class CorePool:
             return [], []
         leases = [Lease(**entry) for entry in data["leases"]]
         waiters = [Waiter(**entry) for entry in data.get("waiting", [])]
-        return [x for x in leases if _alive(x.pid)], [w for w in waiters if _alive(w.pid)]
+        return [x for x in leases if alive(x.pid)], [w for w in waiters if alive(w.pid)]
 
     def _write(self, leases: list[Lease], waiters: list[Waiter]) -> None:
         data = {

@@ -116,7 +116,7 @@ def session_settings(config: pytest.Config) -> Settings:
     if settings is None:
         options = config.stash[cli_options.options_key]
         resolved = replace(controller.resolve_device(options), session=config.stash[session_id_key])
-        settings = controller.settings_for(options, resolved)
+        settings = controller.settings_for(controller.with_judge(options), resolved)
         config.stash[lazy_settings_key] = settings
     return settings
 

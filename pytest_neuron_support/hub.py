@@ -37,6 +37,7 @@ import json
 import logging
 import os
 import re
+import socket
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -72,6 +73,9 @@ EXPAND: tuple[_Expand, ...] = (
 )
 
 DEFAULT_TIMEOUT_S = 60.0
+# Seconds to open a connection to the Hub before it counts as unreachable: a refused port or a
+# failed DNS lookup answers at once; a network that drops packets is given this long.
+REACH_TIMEOUT_S = 3.0
 # Two minutes for all four rankings: enough for the client to exhaust its retries on one ranking
 # (about 23 s) for each, short enough that a viewer build with the Hub down still finishes.
 DEFAULT_TOTAL_TIMEOUT_S = 120.0
@@ -232,6 +236,35 @@ def hub_endpoint() -> str:
     return configured or str(constants.ENDPOINT)
 
 
+def _offline() -> bool:
+    """HF_HUB_OFFLINE as the client reads it: once, at its import (what the client then does)."""
+    from huggingface_hub import constants
+
+    return bool(constants.HF_HUB_OFFLINE)
+
+
+def unreachable(timeout_s: float = REACH_TIMEOUT_S) -> str | None:
+    """Why the Hub cannot be asked now, in one short line; None when a connection to it opens.
+
+    ``HF_HUB_OFFLINE=1``, or the endpoint's host and port refusing, failing to resolve or not
+    answering within ``timeout_s``. Asked once before a batch of Hub calls, so that a machine
+    without network gives up in seconds, instead of sitting through the client's retries (about
+    23 s per request) model after model.
+    """
+    if _offline():
+        return "HF_HUB_OFFLINE=1"
+    endpoint = hub_endpoint()
+    parts = urlsplit(endpoint)
+    host = parts.hostname or ""
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        socket.create_connection((host, port), timeout=timeout_s).close()
+    except OSError as exc:
+        reason = exc.strerror or str(exc) or type(exc).__name__
+        return f"{_without_credentials(endpoint)} is unreachable ({reason})"
+    return None
+
+
 def fetch_ranking(
     task: str,
     sort: str,
@@ -304,10 +337,13 @@ def fetch_all(
     """
     deadline = time.monotonic() + timeout_s
     rankings: list[HubRanking] = []
+    # Offline mode is the client's to report (each ranking says OfflineModeIsEnabled); a Hub that
+    # cannot be reached at all is said once, at once, for every ranking.
+    down = None if _offline() else unreachable()
     for task in TASKS:
         for sort in SORTS:
             remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            if down is not None or remaining <= 0:
                 rankings.append(
                     HubRanking(
                         task=task,
@@ -316,7 +352,9 @@ def fetch_all(
                         endpoint=_without_credentials(hub_endpoint()),
                         elapsed_s=0.0,
                         models=(),
-                        error=f"not fetched: the {timeout_s:.3g} s allowed for all rankings had passed",
+                        error=f"not fetched: {down}"
+                        if down is not None
+                        else f"not fetched: the {timeout_s:.3g} s allowed for all rankings had passed",
                     )
                 )
                 continue

@@ -6,7 +6,7 @@ controller already did), orders them by cost and splits them by ``--shard``.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -15,11 +15,12 @@ import pytest
 
 from . import suite
 from .catalog import ModelSpec
-from .controller import catalog_key, plan_models, plans_key, settings_key
+from .controller import PROGRESS_PLUGIN, catalog_key, plan_models, plans_key, settings_key
 from .dataset import expected_seconds_from_dataset
 from .options import options_key
 from .pipeline import prior_seconds
 from .planning import Plan
+from .progress import Planned, model_of
 from .sharding import assign
 
 #: The catalog entry a catalog item checks (set at collection; absent on a user's own test).
@@ -38,6 +39,35 @@ def collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector 
     if file_path.resolve() != config.stash[options_key].models_file:
         return None
     return CatalogFile.from_parent(parent, path=file_path)
+
+
+def expected_seconds(history: Mapping[str, float], model_id: str, plan: Plan) -> float:
+    """How long a model is expected to take: its last run in the dataset, else the planner's prior."""
+    return history.get(model_id, prior_seconds(plan))
+
+
+def progress_plan(config: pytest.Config, items: Sequence[tuple[str, Plan | None]]) -> dict[str, Planned]:
+    """What the progress lines expect of each catalog item (node id, its plan or None)."""
+    settings = config.stash[settings_key]
+    history = expected_seconds_from_dataset(settings.results_dir, settings.device.name)
+    planned = {}
+    for nodeid, plan in items:
+        model_id = model_of(nodeid)
+        runs = plan is not None and plan.skip is None and plan.error is None
+        cores, expected = (
+            (plan.cores, expected_seconds(history, model_id, plan)) if plan is not None and runs else (0, 0.0)
+        )
+        planned[nodeid] = Planned(nodeid, model_id, cores, expected)
+    return planned
+
+
+def expect_progress(session: pytest.Session) -> None:
+    """Without xdist: the progress lines learn the session's items once they are collected."""
+    progress = session.config.pluginmanager.get_plugin(PROGRESS_PLUGIN)
+    if progress is None or not hasattr(session, "items"):
+        return
+    models = catalog_items(session.items)
+    progress.expect(progress_plan(session.config, [(item.nodeid, item.stash.get(plan_key, None)) for item in models]))
 
 
 def catalog_items(items: Iterable[pytest.Item]) -> list[pytest.Item]:
@@ -69,7 +99,7 @@ def order_items(config: pytest.Config, items: list[pytest.Item]) -> None:
         plan = item.stash.get(plan_key, None)
         if plan is None or plan.skip is not None or plan.error is not None:
             return 0.0
-        return plan.cores * history.get(item.stash[model_key].id, prior_seconds(plan))
+        return plan.cores * expected_seconds(history, item.stash[model_key].id, plan)
 
     for item in models:
         item.stash[cost_key] = cost(item)

@@ -54,6 +54,7 @@ class Options:
     core_memory_gib: float | None
     memory_headroom: float
     max_cores: int
+    progress_interval: float = 60.0
 
 
 options_key = pytest.StashKey[Options]()
@@ -102,6 +103,14 @@ def add_options(parser: pytest.Parser) -> None:
         default="3600",
         metavar="SECONDS",
         help="seconds one run.py may take before its process group is killed (default 3600)",
+    )
+    group.addoption(
+        "--progress-interval",
+        type=non_negative_seconds("--progress-interval"),
+        default="60",
+        metavar="SECONDS",
+        help="seconds between the sweep's status lines (running with their stage, done, left, time left); "
+        "0 for none. The start and end line of each model are printed either way; -q silences all of them",
     )
     group.addoption(
         "--results-dir",
@@ -255,6 +264,21 @@ def seconds(flag: str) -> Callable[[str], float]:
     return positive_float(flag, "3600", what="number of seconds")
 
 
+def non_negative_seconds(flag: str) -> Callable[[str], float]:
+    """A number of seconds, 0 or more."""
+
+    def check(value: str) -> float:
+        try:
+            number = float(value)
+        except ValueError:
+            number = -1.0
+        if not number >= 0:
+            raise pytest.UsageError(f"{flag}={value!r} must be 0 or a positive number of seconds, e.g. {flag}=60")
+        return number
+
+    return check
+
+
 def fraction(flag: str) -> Callable[[str], float]:
     """A fraction in [0, 1)."""
 
@@ -341,6 +365,7 @@ def parse_options(config: pytest.Config) -> Options:
         host_memory_gib=get("host_memory_gib"),
         cpu_check_memory_gib=get("cpu_check_memory_gib"),
         core_ledger=Path(get("core_ledger")).resolve() if get("core_ledger") else default_ledger_dir(),
+        progress_interval=get("progress_interval"),
     )
 
 

@@ -53,5 +53,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     catalog_items.order_items(config, items)
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    catalog_items.expect_progress(session)
+
+
 def pytest_assertrepr_compare(config: pytest.Config, op: str, left: object, right: object) -> list[str] | None:
     return explain.explain(op, left, right)

@@ -6,8 +6,10 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -234,3 +236,28 @@ def test_report_writes_index_html(tmp_path: Path) -> None:
     assert "1 rows on 1 stacks" in done.stdout and "Hub rankings unavailable: not fetched (--no-hub)" in done.stdout
     assert (tmp_path / "site" / "index.html").read_text().startswith("<!DOCTYPE html>")
     assert cli("report", "--limit", "0", "--no-hub", "--out", str(tmp_path / "x")).returncode == 2
+
+
+def test_report_with_the_network_unplugged_says_so_in_seconds(tmp_path: Path) -> None:
+    # HF_ENDPOINT at a closed loopback port: one connection attempt, the rankings marked unavailable,
+    # none of the client's retries (about 23 s a request).
+    write_rows(tmp_path / "results", [neuron_row("org/a", "PASS", "5.24.0", "2026-11-30T01:00:00+00:00")])
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {**os.environ, "HF_HUB_OFFLINE": "0", "HF_ENDPOINT": f"http://127.0.0.1:{port}"}
+    started = time.monotonic()
+    report = ["report", "--results-dir", str(tmp_path / "results"), "--out", str(tmp_path / "site")]
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest_neuron_support.cli", *report],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    elapsed = time.monotonic() - started
+    assert done.returncode == 0, done.stderr
+    unavailable = f"Hub rankings unavailable: not fetched: http://127.0.0.1:{port} is unreachable (Connection refused)"
+    assert unavailable in done.stdout.splitlines(), done.stdout
+    assert "Retrying" not in done.stdout + done.stderr
+    assert elapsed < 10, elapsed

@@ -548,3 +548,20 @@ def test_module_level_client_helpers_need_the_env_var_at_import(hub_server: HubS
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert int(done.stdout) == 1024 * 512 + 512 * 512 + 512
+
+
+def test_fetch_all_gives_up_at_once_when_the_hub_is_unreachable(monkeypatch: pytest.MonkeyPatch) -> None:
+    # One connection attempt for the whole batch: a refused port is said once per ranking, with
+    # no request made and no fetch left retrying in the background.
+    port = closed_port()
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
+    assert hub.unreachable() == f"http://127.0.0.1:{port} is unreachable (Connection refused)"
+    rankings = hub.fetch_all(timeout_s=60)
+    assert len(rankings) == len(hub.TASKS) * len(hub.SORTS)
+    assert {r.error for r in rankings} == {f"not fetched: http://127.0.0.1:{port} is unreachable (Connection refused)"}
+    assert not [t for t in threading.enumerate() if t.name.startswith("neuron-support-hub-fetch-")]
+
+
+def test_a_reachable_hub_is_not_unreachable(hub_server: HubServer) -> None:
+    assert hub.unreachable() is None
+    assert hub_server.requests == []  # a connection opened, nothing asked

@@ -5,6 +5,7 @@ stage plan that says what to pass, not a run on a guessed core count."""
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import pandas as pd
@@ -89,3 +90,27 @@ def test_only_selected_models_are_inspected(
     collected = sorted(line for line in result.stdout.lines if "models.yaml::" in line)
     assert collected == ["models.yaml::test_model[org/b]", "models.yaml::test_model[org/f]"], result.stdout.str()
     assert sorted({path.split("/resolve/")[0] for path in asked}) == ["/org/b", "/org/f"], asked
+
+
+@pytest.mark.parametrize("workers", [(), ("-n", "2")], ids=["alone", "xdist"])
+def test_an_unreachable_hub_is_one_line_and_no_retries(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, workers: tuple[str, ...]
+) -> None:
+    pytester.makefile(".yaml", models="models:\n" + "".join(f"  - {{id: {m}, task: text-generation}}\n" for m in SIZES))
+    with socket.socket() as sock:  # a port nothing listens on: the network unplugged
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setenv("HF_HUB_CACHE", str(pytester.path / "empty-hub"))
+    result = pytester.runpytest_subprocess(
+        "--device=cpu", "--results-dir=out", *workers, "--collect-only", "-q", "-p", "no:cacheprovider"
+    )
+    assert result.ret == pytest.ExitCode.OK, result.stdout.str() + result.stderr.str()
+    said = [line for line in result.stderr.lines if "the Hub is not reachable" in line]
+    assert said == [
+        f"neuron-support: the Hub is not reachable: http://127.0.0.1:{port} is unreachable (Connection refused); "
+        f"planning {len(SIZES)} model(s) from the local cache only (a model not in it is an ERROR at stage plan)"
+    ], result.stderr.str()
+    assert "Retrying" not in result.stdout.str() + result.stderr.str()
+    assert len([line for line in result.stdout.lines if "models.yaml::" in line]) == len(SIZES)
