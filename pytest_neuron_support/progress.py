@@ -249,7 +249,7 @@ class Progress:
             with self._lock:
                 # After pytest's progress dots (xdist's too) the line starts on a line of its own.
                 writer = getattr(reporter, "_tw", None)
-                if writer is not None and getattr(writer, "width_of_current_line", 0):
+                if writer is not None and getattr(writer, "width_of_current_line", None):
                     reporter.write("\n")
                 reporter.write_line(f"[neuron-support] {text}")
 

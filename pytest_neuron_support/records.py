@@ -95,8 +95,9 @@ VERDICT_BASES: Mapping[str, str] = {
 }
 
 
-def _doc(text: str) -> dict[str, str]:
-    return {"doc": text}
+def _doc(text: str, label: str | None = None) -> dict[str, str]:
+    """A column's definition, and the human label the viewer's table heads it with (unit included)."""
+    return {"doc": text} if label is None else {"doc": text, "label": label}
 
 
 @dataclass(frozen=True)
@@ -147,12 +148,14 @@ class Row:
     docs (``doc`` metadata) are the dataset card's column definitions.
     """
 
-    model_id: str = field(metadata=_doc("Hub id (org/name), or the absolute path of a local checkpoint"))
-    result: str = field(metadata=_doc("PASS, FAIL, ERROR, TIMEOUT, SKIPPED or EXCLUDED (defined below)"))
+    model_id: str = field(metadata=_doc("Hub id (org/name), or the absolute path of a local checkpoint", label="Model"))
+    result: str = field(
+        metadata=_doc("PASS, FAIL, ERROR, TIMEOUT, SKIPPED or EXCLUDED (defined below)", label="Result")
+    )
     revision: str = field(default="main", metadata=_doc("revision asked for (branch, tag or commit)"))
     task: str = field(
         default="text-generation",
-        metadata=_doc("text-generation, image-text-to-text, feature-extraction or sentence-similarity"),
+        metadata=_doc("text-generation, image-text-to-text, feature-extraction or sentence-similarity", label="Task"),
     )
     source: str = field(
         default="catalog",
@@ -165,18 +168,25 @@ class Row:
             "its model_id is the test's model, or the node id when it checks none. Empty for catalog items"
         ),
     )
-    failure_stage: str | None = field(default=None, metadata=_doc("stage that failed (defined below); null on PASS"))
-    error: str | None = field(default=None, metadata=_doc("exception type and message, signal, or skip reason"))
+    failure_stage: str | None = field(
+        default=None, metadata=_doc("stage that failed (defined below); null on PASS", label="Failed at")
+    )
+    error: str | None = field(
+        default=None, metadata=_doc("exception type and message, signal, or skip reason", label="Error")
+    )
     exclude_reason: str | None = field(default=None, metadata=_doc("catalog exclusion reason"))
     exclude_note: str | None = field(default=None, metadata=_doc("catalog exclusion note"))
     tags: tuple[str, ...] = field(default=(), metadata=_doc("catalog tags"))
-    device: str = field(default="cpu", metadata=_doc("device kind the run used: neuron, cuda or cpu"))
-    neuron_cores: int | None = field(default=None, metadata=_doc("cores (devices off Trainium) the run used"))
-    tp_size: int | None = field(default=None, metadata=_doc("tensor-parallel size (1 = not sharded)"))
-    ep_size: int | None = field(default=None, metadata=_doc("expert-parallel size (1 = not sharded)"))
+    device: str = field(default="cpu", metadata=_doc("device kind the run used: neuron, cuda or cpu", label="Device"))
+    neuron_cores: int | None = field(
+        default=None, metadata=_doc("cores (devices off Trainium) the run used", label="Cores")
+    )
+    tp_size: int | None = field(default=None, metadata=_doc("tensor-parallel size (1 = not sharded)", label="TP"))
+    ep_size: int | None = field(default=None, metadata=_doc("expert-parallel size (1 = not sharded)", label="EP"))
     plan_reason: str | None = field(default=None, metadata=_doc("why the planner chose this core count"))
     parameters: int | None = field(
-        default=None, metadata=_doc("parameter count read from the safetensors metadata (null if not inspected)")
+        default=None,
+        metadata=_doc("parameter count read from the safetensors metadata (null if not inspected)", label="Parameters"),
     )
     weight_bytes: int | None = field(
         default=None, metadata=_doc("bytes the weights take on the device in the run dtype (null if not inspected)")
@@ -197,10 +207,13 @@ class Row:
     max_new_tokens: int | None = field(default=None, metadata=_doc("greedy tokens asked for"))
     graphs_compiled: int | None = field(default=None, metadata=_doc("graphs compiled by the first generate()"))
     recompiles: int | None = field(default=None, metadata=_doc("graphs compiled again by the second generate()"))
-    run_s: float | None = field(default=None, metadata=_doc("wall seconds of the device run.py, compile included"))
+    run_s: float | None = field(
+        default=None,
+        metadata=_doc("wall seconds of the device run.py, compile included", label="Run time incl. compile (s)"),
+    )
     load_s: float | None = field(default=None, metadata=_doc("seconds in from_pretrained"))
     compile_s: float | None = field(
-        default=None, metadata=_doc("first generate() minus second generate(): the compile cost")
+        default=None, metadata=_doc("first generate() minus second generate(): the compile cost", label="Compile (s)")
     )
     first_generate_s: float | None = field(default=None, metadata=_doc("seconds of the first generate()"))
     generate_s: float | None = field(default=None, metadata=_doc("seconds of the second (compiled) generate()"))
@@ -215,7 +228,8 @@ class Row:
         metadata=_doc(
             "the device allocator's peak on one core (torch.<device>.max_memory_allocated after synchronize: "
             "tensors only, no compiled code, scratchpad or collective buffers); sharded: the largest rank's; "
-            "null on cpu"
+            "null on cpu",
+            label="Peak device memory",
         ),
     )
     peak_device_memory_by_rank: tuple[int, ...] = field(
@@ -268,7 +282,8 @@ class Row:
         ),
     )
     verdict_basis: str | None = field(
-        default=None, metadata=_doc("which evidence decided the result (the values are defined below)")
+        default=None,
+        metadata=_doc("which evidence decided the result (the values are defined below)", label="Decided by"),
     )
     cpu_check: str | None = field(
         default=None,
@@ -392,6 +407,8 @@ _ARROW_TYPES: Mapping[str, str] = {
 COLUMN_TYPES: Mapping[str, str] = {f.name: _ARROW_TYPES[str(f.type)] for f in dataclasses.fields(Row)}
 #: column name -> definition, in schema order.
 COLUMN_DOCS: Mapping[str, str] = {f.name: f.metadata["doc"] for f in dataclasses.fields(Row)}
+#: column name -> the human label the viewer's table heads it with (the name itself where none is set).
+COLUMN_LABELS: Mapping[str, str] = {f.name: f.metadata.get("label", f.name) for f in dataclasses.fields(Row)}
 
 
 def arrow_schema() -> Any:

@@ -42,7 +42,7 @@ from .dataset import read_dataset, stack_stem
 from .devices import DEVICES
 from .hub import TASKS as HUB_TASKS
 from .hub import HubError, HubRanking, fetch_all, load_snapshot, save_snapshot
-from .records import COLUMN_DOCS, COLUMN_TYPES, RESULTS, STAGES, VERDICT_BASES, Row
+from .records import COLUMN_DOCS, COLUMN_LABELS, COLUMN_TYPES, RESULTS, STAGES, VERDICT_BASES, Row
 from .runscript import template
 
 #: AWS's pip index for neuronx-cc and torch-neuronx (the PyPI names are placeholders).
@@ -53,21 +53,23 @@ NEFF_CACHE_BUCKET = neffcache.DEFAULT_BUCKET
 NEFF_CACHE_DIR = "/tmp/neff_cache"
 
 #: Columns of the viewer's table, in display order (every model's detail shows all columns).
+#: The Space's headline columns first (result, cores, run time including compile, peak device
+#: memory), then what explains them; headed by their schema labels (records.COLUMN_LABELS).
 TABLE_COLUMNS: tuple[str, ...] = (
     "model_id",
-    "task",
     "result",
+    "neuron_cores",
+    "run_s",
+    "peak_device_memory_bytes",
+    "task",
     "failure_stage",
     "verdict_basis",
     "error",
     "device",
-    "neuron_cores",
     "tp_size",
     "ep_size",
     "parameters",
-    "run_s",
     "compile_s",
-    "peak_device_memory_bytes",
 )
 #: Columns the detail panel lists first, in this order; the rest follow in schema order.
 DETAIL_COLUMNS: tuple[str, ...] = (
@@ -351,7 +353,10 @@ def report_data(rows: Sequence[Row], catalog: Catalog | None, hub_view: HubView)
     return {
         "generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "plugin_version": __version__,
-        "columns": [{"name": name, "type": COLUMN_TYPES[name], "doc": COLUMN_DOCS[name]} for name in COLUMN_DOCS],
+        "columns": [
+            {"name": name, "type": COLUMN_TYPES[name], "doc": COLUMN_DOCS[name], "label": COLUMN_LABELS[name]}
+            for name in COLUMN_DOCS
+        ],
         "verdict_bases": dict(VERDICT_BASES),
         "table_columns": list(TABLE_COLUMNS),
         "detail_columns": list(DETAIL_COLUMNS),
