@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 #: Every value of the ``result`` column and exactly what it means.
 RESULTS: Mapping[str, str] = {
@@ -217,6 +217,22 @@ class Row:
     )
     first_generate_s: float | None = field(default=None, metadata=_doc("seconds of the first generate()"))
     generate_s: float | None = field(default=None, metadata=_doc("seconds of the second (compiled) generate()"))
+    time_to_first_token_s: float | None = field(
+        default=None,
+        metadata=_doc(
+            "warm (second) generate(): seconds from its call to the first new token on the host (the prefill "
+            "and one decoding step; the cold run's compile is in compile_s, not here)",
+            label="Time to first token (s)",
+        ),
+    )
+    decode_tokens_per_s: float | None = field(
+        default=None,
+        metadata=_doc(
+            "warm (second) generate(): new tokens per second after the first (the compiled decoding step); "
+            "null for embedding tasks",
+            label="Decode (tokens/s)",
+        ),
+    )
     reference_s: float | None = field(default=None, metadata=_doc("wall seconds of the CPU reference run"))
     reference_cached: bool | None = field(
         default=None, metadata=_doc("the CPU reference came from the reference cache (same key, same commit)")

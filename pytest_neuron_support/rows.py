@@ -182,6 +182,8 @@ def with_device_result(row: Row, result: Mapping[str, Any]) -> Row:
         load_s=_round(result.get("load_s")),
         first_generate_s=_round(first_s),
         generate_s=_round(second_s),
+        time_to_first_token_s=_round(result.get("time_to_first_token_s")),
+        decode_tokens_per_s=_round(result.get("decode_tokens_per_s")),
         compile_s=compile_s,
         peak_device_memory_bytes=result.get("peak_device_memory_bytes"),
         peak_device_memory_by_rank=tuple(m for m in result.get("peak_device_memory_by_rank") or () if m is not None),

@@ -88,6 +88,11 @@ def test_tiny_zoo_sweep_passes_every_architecture_with_four_workers_over_four_co
     device = json.loads((runs / "device" / "result.json").read_text())
     assert device["environment"] == {"TORCH_DEVICE_BACKEND_AUTOLOAD": None}
     assert (df.compile_s > 0).all() and (df.load_s > 0).all() and (df.run_s > df.first_generate_s).all()
+    # The warm run's split: its first token within it, and 31 more decoded at a measured rate.
+    warm = df[df.task != "sentence-similarity"]
+    assert (warm.time_to_first_token_s > 0).all() and (warm.time_to_first_token_s < warm.generate_s).all()
+    assert (warm.decode_tokens_per_s > 0).all()
+    assert ((warm.generate_s - warm.time_to_first_token_s) * warm.decode_tokens_per_s).between(25, 33).all()
     # Every task of the catalog: text, a vision-language model, and a real sentence-embedding model.
     assert set(df.task) == {"text-generation", "image-text-to-text", "sentence-similarity"}
     generated = df[df.task != "sentence-similarity"]

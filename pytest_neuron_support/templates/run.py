@@ -374,6 +374,30 @@ def graph_breaks(counters):
     return int(sum(breaks.values())), [str(reason)[:300] for reason in list(breaks)[:5]]
 
 
+class StepClock:
+    """A generate() streamer that only notes when each new token reaches the host (its first put is
+    the prompt). Tokens reach the host every step anyway (the stopping check reads them), so it
+    changes neither the graphs nor the tokens."""
+
+    def __init__(self):
+        self.start = time.perf_counter()
+        self.times = []
+
+    def put(self, value):
+        self.times.append(time.perf_counter())
+
+    def end(self):
+        pass
+
+    def split(self):
+        """(seconds to the first new token, new tokens per second after it); None where unknown."""
+        steps = self.times[1:]
+        if not steps:
+            return None, None
+        span = steps[-1] - steps[0]
+        return steps[0] - self.start, ((len(steps) - 1) / span if len(steps) > 1 and span > 0 else None)
+
+
 def run_generation(torch, preprocessor, model):
     from torch._dynamo.utils import counters
 
@@ -392,10 +416,12 @@ def run_generation(torch, preprocessor, model):
 
     enter("generate")
     start = time.perf_counter()
-    second = model.generate(**inputs, **kwargs)
+    clock = StepClock()
+    second = model.generate(**inputs, **kwargs, streamer=clock)
     synchronize(torch)
     second_s = time.perf_counter() - start
     recompiles = int(counters["stats"]["unique_graphs"]) - graphs
+    first_token_s, decode_rate = clock.split()
 
     tokens = [int(t) for t in first.sequences[0, n_prompt:].tolist()]
     tokens_again = [int(t) for t in second.sequences[0, n_prompt:].tolist()]
@@ -416,6 +442,8 @@ def run_generation(torch, preprocessor, model):
         "recompiles": recompiles,
         "first_generate_s": first_s,
         "generate_s": second_s,
+        "time_to_first_token_s": first_token_s,
+        "decode_tokens_per_s": decode_rate,
     }
     if SPEC.get("score_own_tokens"):
         # The teacher-forced pass over this run's own tokens: when a device run generated the very
