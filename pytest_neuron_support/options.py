@@ -244,19 +244,24 @@ def positive_int(flag: str, upper: int | None = None) -> Callable[[str], int]:
     return check
 
 
-def positive_float(flag: str, example: str, what: str = "number") -> Callable[[str], float]:
-    """A number above 0 (``what`` names it in the error, e.g. "number of seconds")."""
+def number_in(flag: str, accepts: Callable[[float], bool], must: str) -> Callable[[str], float]:
+    """A number ``accepts`` takes; otherwise a UsageError saying what it ``must`` be (with an example)."""
 
     def check(value: str) -> float:
         try:
             number = float(value)
         except ValueError:
-            number = -1.0
-        if not number > 0:
-            raise pytest.UsageError(f"{flag}={value!r} must be a positive {what}, e.g. {flag}={example}")
+            number = float("nan")  # accepted by no range below
+        if not accepts(number):
+            raise pytest.UsageError(f"{flag}={value!r} must be {must}")
         return number
 
     return check
+
+
+def positive_float(flag: str, example: str, what: str = "number") -> Callable[[str], float]:
+    """A number above 0 (``what`` names it in the error, e.g. "number of seconds")."""
+    return number_in(flag, lambda n: n > 0, f"a positive {what}, e.g. {flag}={example}")
 
 
 def seconds(flag: str) -> Callable[[str], float]:
@@ -266,32 +271,12 @@ def seconds(flag: str) -> Callable[[str], float]:
 
 def non_negative_seconds(flag: str) -> Callable[[str], float]:
     """A number of seconds, 0 or more."""
-
-    def check(value: str) -> float:
-        try:
-            number = float(value)
-        except ValueError:
-            number = -1.0
-        if not number >= 0:
-            raise pytest.UsageError(f"{flag}={value!r} must be 0 or a positive number of seconds, e.g. {flag}=60")
-        return number
-
-    return check
+    return number_in(flag, lambda n: n >= 0, f"0 or a positive number of seconds, e.g. {flag}=60")
 
 
 def fraction(flag: str) -> Callable[[str], float]:
     """A fraction in [0, 1)."""
-
-    def check(value: str) -> float:
-        try:
-            number = float(value)
-        except ValueError:
-            number = -1.0
-        if not 0 <= number < 1:
-            raise pytest.UsageError(f"{flag}={value!r} must be a fraction in [0, 1), e.g. 0.25")
-        return number
-
-    return check
+    return number_in(flag, lambda n: 0 <= n < 1, "a fraction in [0, 1), e.g. 0.25")
 
 
 def core_choice(value: str) -> int:

@@ -17,6 +17,8 @@ from pytest_neuron_support.planning import DEFAULT_HEADROOM
         (options.positive_float("--core-memory-gib", "24"), "-1", "--core-memory-gib='-1' must be a positive number"),
         (options.seconds("--model-timeout"), "soon", "positive number of seconds, e.g. --model-timeout=3600"),
         (options.fraction("--memory-headroom"), "1", "must be a fraction in [0, 1)"),
+        (options.non_negative_seconds("--progress-interval"), "-1", "0 or a positive number of seconds"),
+        (options.non_negative_seconds("--progress-interval"), "nan", "e.g. --progress-interval=60"),
         (options.core_choice, "3", "--max-cores=3 is not a core count a model can use; pass one of 1, 2, 4, 8, 16"),
         (options.prompt_text, "   ", "--prompt is empty"),
         (options.judge_model_id, "no id", "--judge-model='no id' is not a Hub id"),
@@ -33,6 +35,7 @@ def test_validators_return_plain_values() -> None:
     assert options.positive_int("--neuron-cores")("16") == 16
     assert options.core_choice("8") == 8
     assert options.fraction("--memory-headroom")("0.25") == 0.25
+    assert options.non_negative_seconds("--progress-interval")("0") == 0.0
     assert options.shard_spec("1/4") == "1/4"
     assert options.judge_model_id("Qwen/Qwen2.5-0.5B-Instruct") == "Qwen/Qwen2.5-0.5B-Instruct"
 
