@@ -49,6 +49,8 @@ plans_key = pytest.StashKey[dict[str, Plan]]()
 resolved_key = pytest.StashKey["Resolved"]()
 settings_key = pytest.StashKey[Settings]()
 catalog_key = pytest.StashKey[tuple[ModelSpec, ...]]()
+#: The session checks only --model entries, with no catalog file (it is collected all the same).
+virtual_catalog_key = pytest.StashKey[bool]()
 #: (model id, device) -> (result, settings hash) of rows already in the dataset (--resume).
 recorded_key = pytest.StashKey[dict[tuple[str, str], tuple[str, str]]]()
 
@@ -199,15 +201,16 @@ def configure(config: pytest.Config) -> None:
         config.args = [str(options.models_file)]
     if not _sweep_requested(config, options):
         return
-    if options.extra_models and not options.models_file.exists():
-        raise pytest.UsageError(
-            f"--model needs a catalog to add to, and {options.models_file} does not exist; "
-            "pass --models-file=FILE (a file holding just 'models: []' works)"
-        )
-    try:
-        catalog = load_catalog(options.models_file)
-    except CatalogError as exc:
-        raise pytest.UsageError(str(exc)) from None
+    if options.extra_models and not options.models_file_explicit and not options.models_file.exists():
+        # `pytest --model org/name` where there is no catalog: the --model entries are the catalog,
+        # collected as if a models.yaml stood in the rootdir (items.collect_directory).
+        catalog = Catalog(options.models_file, ())
+        config.stash[virtual_catalog_key] = True
+    else:
+        try:
+            catalog = load_catalog(options.models_file)
+        except CatalogError as exc:
+            raise pytest.UsageError(str(exc)) from None
     config.stash[catalog_key] = merge_models(catalog.models, options.extra_models)
     options = with_judge(options, catalog)
     config.stash[options_key] = options

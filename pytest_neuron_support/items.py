@@ -15,7 +15,7 @@ import pytest
 
 from . import suite
 from .catalog import ModelSpec
-from .controller import PROGRESS_PLUGIN, catalog_key, plan_models, plans_key, settings_key
+from .controller import PROGRESS_PLUGIN, catalog_key, plan_models, plans_key, settings_key, virtual_catalog_key
 from .dataset import expected_seconds_from_dataset
 from .options import options_key
 from .pipeline import prior_seconds
@@ -68,6 +68,27 @@ def expect_progress(session: pytest.Session) -> None:
         return
     models = catalog_items(session.items)
     progress.expect(progress_plan(session.config, [(item.nodeid, item.stash.get(plan_key, None)) for item in models]))
+
+
+def collect_directory(path: Path, parent: pytest.Collector) -> pytest.Collector | None:
+    """Where no catalog file exists and ``--model`` names the models: the rootdir's collector also
+    yields the catalog suite, so ``pytest --model org/name`` works wherever the plugin is installed."""
+    config = parent.config
+    if not config.stash.get(virtual_catalog_key, False):
+        return None
+    if path != config.stash[options_key].models_file.parent:
+        return None
+    return CatalogDir.from_parent(parent, path=path)
+
+
+# Dir is final in pytest's typing, not at run time: a Dir that adds one child is the least that
+# reuses how pytest walks a directory (ignores, conftests, norecursedirs) rather than copying it.
+class CatalogDir(pytest.Dir):  # type: ignore[misc]
+    """A directory that holds the ``--model`` catalog besides its own files."""
+
+    def collect(self) -> list[pytest.Item | pytest.Collector]:
+        catalog = CatalogFile.from_parent(self, path=self.config.stash[options_key].models_file)
+        return [*super().collect(), catalog]
 
 
 def catalog_items(items: Iterable[pytest.Item]) -> list[pytest.Item]:

@@ -43,6 +43,10 @@ def pytest_configure(config: pytest.Config) -> None:
     controller.configure(config)
 
 
+def pytest_collect_directory(path: Path, parent: pytest.Collector) -> pytest.Collector | None:
+    return catalog_items.collect_directory(path, parent)
+
+
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
     return catalog_items.collect_file(file_path, parent)
 

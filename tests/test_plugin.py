@@ -114,3 +114,18 @@ def test_repository_root_runs_the_catalog_and_tests_apart(tmp_path: Path, offlin
     assert "<Module test_" not in sweep and "<Dir tests>" not in sweep, sweep
     own = collect("tests/test_options.py")
     assert "suite: the project's own tests (tests/)" in own and "<Module test_options.py>" in own, own
+
+
+def test_model_option_works_where_there_is_no_catalog(pytester: pytest.Pytester, offline_hub: Path) -> None:
+    # A project of the user's own: no models.yaml. `pytest --model org/name` checks that model,
+    # beside the project's own tests, with -n 2 as well, and its row is in the dataset.
+    pytester.makepyfile(test_mine="def test_mine():\n    assert True\n")
+    listed = pytester.runpytest_subprocess("--device=cpu", "--model=tiny-random/qwen3", "--collect-only", "-q")
+    listed.stdout.fnmatch_lines(["models.yaml::test_model[[]tiny-random/qwen3[]]", "test_mine.py::test_mine"])
+    assert not (pytester.path / "models.yaml").exists()
+    result = pytester.runpytest_subprocess(
+        "--device=cpu", "--model=tiny-random/qwen3", "-n", "2", "--results-dir=out", "-k", "qwen3"
+    )
+    result.assert_outcomes(passed=1)  # test_mine deselected by -k (xdist does not count deselections)
+    [row] = pd.read_parquet(pytester.path / "out" / "data").to_dict("records")
+    assert (row["model_id"], row["source"], row["result"], row["test"]) == ("tiny-random/qwen3", "cli", "PASS", "")
