@@ -20,8 +20,9 @@ priority order: a request is granted only where it fits once the cores of every 
 ahead of it are set aside, either the cores that request is about to take, or, when it does
 not fit yet, the aligned block it is waiting to drain. Smaller requests still backfill cores
 outside those blocks, so a 4-core item is not starved by a stream of 1-core items and the
-pool does not sit idle while it waits. The queue orders the requests of one session; sessions
-share the host's cores through the leases themselves.
+pool does not sit idle while it waits. ``acquire`` queues a request before it first considers it
+(one poll later), so requests that arrive together are ordered by priority too. The queue orders
+the requests of one session; sessions share the host's cores through the leases themselves.
 """
 
 from __future__ import annotations
@@ -267,10 +268,7 @@ class CorePool:
         ``ticket`` identifies a request across attempts (its place in line); a call without
         one asks once and leaves nothing queued.
         """
-        if count > self.limit or not self._blocks(count):
-            raise LeaseTooLarge(
-                f"{count} cores asked for, the pool has {self.limit} (cores {_span(self.cores)} of the host)"
-            )
+        self._check_size(count)
         me = os.getpid() if pid is None else pid
         with self._lock:
             leases, waiters = self._read()
@@ -289,20 +287,42 @@ class CorePool:
     def acquire(
         self, count: int, holder: str = "", poll: float = 0.2, timeout: float | None = None, priority: float = 0.0
     ) -> Lease:
-        """Block until ``count`` contiguous cores are granted in priority order, then take them."""
+        """Block until ``count`` contiguous cores are granted in priority order, then take them.
+
+        The request joins the queue first and is considered from the next poll on, never on the
+        call that queues it: requests that arrive together (the first items of a parallel sweep
+        reach the ledger within milliseconds of each other) are then granted in priority order,
+        not in the order they happened to arrive, which would let small items take the cores a
+        larger one behind them needs (benchmarks/scale.py measures the difference). A lease
+        costs one poll more than it would on an idle pool."""
         deadline = None if timeout is None else time.monotonic() + timeout
         ticket = uuid.uuid4().hex
         try:
+            self._join(count, priority, ticket)
             while True:
+                time.sleep(poll)
                 lease = self.try_acquire(count, holder, priority=priority, ticket=ticket)
                 if lease is not None:
                     return lease
                 if deadline is not None and time.monotonic() > deadline:
                     raise TimeoutError(f"no {count} contiguous free cores within {timeout}s")
-                time.sleep(poll)
         except BaseException:
             self._leave(ticket)  # interrupted or timed out: do not hold the line for others
             raise
+
+    def _check_size(self, count: int) -> None:
+        if count > self.limit or not self._blocks(count):
+            raise LeaseTooLarge(
+                f"{count} cores asked for, the pool has {self.limit} (cores {_span(self.cores)} of the host)"
+            )
+
+    def _join(self, count: int, priority: float, ticket: str) -> None:
+        """Queue request ``ticket`` without granting it."""
+        self._check_size(count)
+        with self._lock:
+            leases, waiters = self._read()
+            waiters.append(Waiter(ticket, count, os.getpid(), priority, time.time(), self.session))
+            self._write(leases, waiters)
 
     def _leave(self, ticket: str) -> None:
         with self._lock:

@@ -9,6 +9,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -119,6 +120,31 @@ def test_a_queued_larger_request_is_not_starved_and_smaller_ones_backfill_around
     pool.release(one)
     assert pool.try_acquire(1, priority=1.0) is not None  # core 0: still outside the block
     assert [w.key for w in pool.waiting()] == ["big", "pair"]
+
+
+def test_requests_that_arrive_together_are_granted_in_priority_order_not_arrival_order(tmp_path: Path) -> None:
+    # A 1-core request asks a moment before a 4-core one of higher priority, on an idle pool of 4:
+    # granted on arrival it would make the larger wait for it to end (a sweep's start, where every
+    # worker asks at once; benchmarks/scale.py). Queued first and considered a poll later, it waits.
+    pool = CorePool(tmp_path, 4)
+    granted: dict[str, tuple[float, float]] = {}
+
+    def ask(name: str, count: int, priority: float, hold: float) -> None:
+        with pool.lease(count, holder=name, priority=priority) as lease:
+            start = time.monotonic()
+            time.sleep(hold)
+            granted[name] = (start, time.monotonic())
+        assert lease.count == count
+
+    small = threading.Thread(target=ask, args=("small", 1, 1.0, 0.05))
+    large = threading.Thread(target=ask, args=("large", 4, 9.0, 0.3))
+    small.start()
+    time.sleep(0.05)  # well inside the first poll (0.2 s)
+    large.start()
+    small.join(30)
+    large.join(30)
+    assert granted["small"][0] >= granted["large"][1]  # the larger went first, then the smaller
+    assert pool.waiting() == [] and pool.leases() == []
 
 
 def test_equal_priorities_are_served_first_come_and_one_shot_tries_leave_no_queue(tmp_path: Path) -> None:
