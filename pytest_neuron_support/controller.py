@@ -335,7 +335,11 @@ def plan_models(config: pytest.Config, models: Iterable[ModelSpec]) -> dict[str,
             "cache only (a model not in it is an ERROR at stage plan)\n"
         )
     for model in models:
-        plans[model.id], unreachable = plan_model(model, settings, local_only=local_only)
+        plan, unreachable = plan_model(model, settings, local_only=local_only)
+        if plan.error is not None and down is not None:
+            # Its row says why the Hub was not asked, not only what the local cache lacked.
+            plan = dataclasses.replace(plan, error=f"{plan.error}; the Hub was not asked: {down}")
+        plans[model.id] = plan
         local_only = local_only or unreachable
     return plans
 
