@@ -36,7 +36,7 @@ from .records import current_stack
 from .reporting import ResultsWriter, writer_key
 from .rows import gate
 from .settings import Settings, read_self_check
-from .suite import item_name
+from .suite import item_name, model_id_of
 
 #: The plugin name of the progress lines (controller only).
 PROGRESS_PLUGIN = "neuron-support-progress"
@@ -303,11 +303,11 @@ class Controller:
         if progress is None or progress.planned:
             return
         from .items import progress_plan
-        from .progress import model_of
 
         plans = self.config.stash.get(plans_key, {})
-        catalog = [nodeid for nodeid in ids if model_of(nodeid) != nodeid]
-        progress.expect(progress_plan(self.config, [(nodeid, plans.get(model_of(nodeid))) for nodeid in catalog]))
+        models = {nodeid: model_id_of(nodeid) for nodeid in ids}
+        catalog = [(nodeid, plans.get(model_id)) for nodeid, model_id in models.items() if model_id is not None]
+        progress.expect(progress_plan(self.config, catalog))
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_make_scheduler(self, config: pytest.Config, log: Any) -> Any:

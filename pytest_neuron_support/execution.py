@@ -28,6 +28,14 @@ from typing import Any
 from .redaction import scrub_files
 
 _STAGE_MARKER = re.compile(r"^\[neuron-support\] stage=(\w+)$", re.MULTILINE)
+
+
+def last_stage(log_text: str) -> str:
+    """The last stage marker a run.py printed to its log ("start" if none yet)."""
+    stages = _STAGE_MARKER.findall(log_text)
+    return str(stages[-1]) if stages else "start"
+
+
 _KILL_GRACE_S = 5.0
 
 
@@ -190,12 +198,11 @@ def run_script(
         except (OSError, ValueError):
             result = None
     log_text = log_path.read_text(encoding="utf-8", errors="replace")
-    stages = _STAGE_MARKER.findall(log_text)
     return ProcessOutcome(
         returncode=returncode,
         timed_out=timed_out,
         wall_s=wall_s,
         result=result,
-        last_stage=stages[-1] if stages else "start",
+        last_stage=last_stage(log_text),
         log_path=log_path,
     )

@@ -383,6 +383,8 @@ class Evidence:
         reference_run: the CPU reference started beside the device run.
         row: the row ``neuron_check`` made (a catalog item's row is exactly this).
         resumed: ``--resume`` found this catalog item's row already recorded: it gets no new one.
+        started / started_model: the marker its crash row is made from has been written (naming
+            this model).
     """
 
     model: ModelSpec | None = None
@@ -397,6 +399,8 @@ class Evidence:
     reference_run: ReferenceRun | None = None
     row: Row | None = None
     resumed: bool = False
+    started: bool = False
+    started_model: str | None = None
 
 
 def evidence_of(item: pytest.Item) -> Evidence:
@@ -460,8 +464,14 @@ def _workdir(settings: Settings, item: pytest.Item) -> Path:
 def _started(request: pytest.FixtureRequest, settings: Settings, model_id: str | None = None) -> None:
     """A user's test starts its first neuron fixture: leave the marker its crash row is made from."""
     node: pytest.Item = request.node
-    if catalog_items.model_key not in node.stash:  # a catalog item's crash row comes from the catalog
+    evidence = evidence_of(node)
+    # Written by the test's first fixture, and again only when neuron_model names the model after a
+    # fixture that could not; a catalog item's crash row comes from the catalog.
+    if catalog_items.model_key in node.stash:
+        return
+    if not evidence.started or (model_id is not None and evidence.started_model is None):
         reporting.mark_started(settings.results_dir, node.nodeid, model_id)
+        evidence.started, evidence.started_model = True, model_id
 
 
 @pytest.fixture

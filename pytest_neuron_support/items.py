@@ -20,7 +20,7 @@ from .dataset import expected_seconds_from_dataset
 from .options import options_key
 from .pipeline import prior_seconds
 from .planning import Plan
-from .progress import Planned, model_of
+from .progress import Planned
 from .sharding import assign
 
 #: The catalog entry a catalog item checks (set at collection; absent on a user's own test).
@@ -52,7 +52,7 @@ def progress_plan(config: pytest.Config, items: Sequence[tuple[str, Plan | None]
     history = expected_seconds_from_dataset(settings.results_dir, settings.device.name)
     planned = {}
     for nodeid, plan in items:
-        model_id = model_of(nodeid)
+        model_id = suite.model_id_of(nodeid) or nodeid
         runs = plan is not None and plan.skip is None and plan.error is None
         cores, expected = (
             (plan.cores, expected_seconds(history, model_id, plan)) if plan is not None and runs else (0, 0.0)

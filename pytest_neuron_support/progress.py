@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import threading
 import time
 from collections.abc import Mapping
@@ -26,14 +25,12 @@ from typing import Any
 
 import pytest
 
+from .execution import last_stage
 from .reporting import row_from_report
 from .settings import slug
 from .storage import write_atomic
 
 STATUS_FILE = "status.json"
-#: The catalog item name, test_model[<id>]: the model id of a node id.
-_ITEM = re.compile(r"::test_model\[(?P<id>.+)\]$")
-_STAGE_MARKER = re.compile(r"^\[neuron-support\] stage=(\w+)$", re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -81,11 +78,6 @@ class State:
     left_s: float | None = None
 
 
-def model_of(nodeid: str) -> str:
-    match = _ITEM.search(nodeid)
-    return match.group("id") if match else nodeid
-
-
 def stage_of(results_dir: Path, device: str, model_id: str, since: float) -> str:
     """The stage a running model is at, from what its run folder holds (written after ``since``)."""
     runs = results_dir / "runs" / slug(model_id) / device
@@ -106,11 +98,10 @@ def stage_of(results_dir: Path, device: str, model_id: str, since: float) -> str
     log = runs / "device" / "log.txt"
     if not fresh(log):
         return "start" if fresh(runs / "device") else "waiting for cores"
-    with contextlib.suppress(OSError):
-        markers = _STAGE_MARKER.findall(log.read_text(errors="replace"))
-        if markers:
-            return str(markers[-1])
-    return "start"
+    try:
+        return last_stage(log.read_text(errors="replace"))
+    except OSError:
+        return "start"
 
 
 def duration(seconds: float) -> str:

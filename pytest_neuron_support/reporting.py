@@ -27,7 +27,7 @@ from .records import Row
 from .rows import base_row
 from .settings import Settings, slug
 from .storage import write_atomic
-from .suite import item_name
+from .suite import model_id_of
 
 ROW_PROPERTY = "neuron_support_row"
 writer_key = pytest.StashKey["ResultsWriter"]()
@@ -89,8 +89,7 @@ class ResultsWriter:
 
     def __init__(self, settings: Settings, models: tuple[ModelSpec, ...]) -> None:
         self.settings = settings
-        # A catalog item's name is test_model[<its model id>] (suite.item_name).
-        self.models = {item_name(model.id): model for model in models}
+        self.models = {model.id: model for model in models}
         self.parts = PartWriter(settings.results_dir)
         self.rows: list[Row] = []
         self.written: list[Path] = []
@@ -104,7 +103,8 @@ class ResultsWriter:
     def pytest_handlecrashitem(self, crashitem: str, report: pytest.TestReport, sched: Any) -> None:
         """xdist: a worker died while running ``crashitem`` (its report follows). A catalog item's row
         never reached the controller, so the controller writes one; the sweep goes on with a new worker."""
-        model = self.models.get(crashitem.rsplit("::", 1)[-1])
+        model_id = model_id_of(crashitem)
+        model = None if model_id is None else self.models.get(model_id)
         if model is None:
             # A user's test that started a neuron fixture left a marker; a plain test has no row.
             row = crashed_test_row(self.settings, crashitem, report.longrepr, self.started)

@@ -41,3 +41,11 @@ def test_model(neuron_check: ModelCheck) -> None:
 def item_name(model_id: str) -> str:
     """The name of a catalog model's item (the last part of its node id)."""
     return f"{TEST_NAME}[{model_id}]"
+
+
+def model_id_of(nodeid: str) -> str | None:
+    """The model id of a catalog item's node id; None for any other test."""
+    name = nodeid.rsplit("::", 1)[-1]
+    if name.startswith(f"{TEST_NAME}[") and name.endswith("]"):
+        return name[len(TEST_NAME) + 1 : -1]
+    return None
