@@ -29,6 +29,8 @@ model_key = pytest.StashKey[ModelSpec]()
 plan_key = pytest.StashKey[Plan]()
 #: cores x expected seconds: the item's place in the sweep and in the core ledger's queue.
 cost_key = pytest.StashKey[float]()
+#: model id -> seconds of its last run in the dataset.
+history_key = pytest.StashKey[Mapping[str, float]]()
 
 
 def collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
@@ -41,6 +43,15 @@ def collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector 
     return CatalogFile.from_parent(parent, path=file_path)
 
 
+def _history(config: pytest.Config) -> Mapping[str, float]:
+    """Each model's last run time in the dataset, read once per process (the order and the progress
+    lines both need it)."""
+    if history_key not in config.stash:
+        settings = config.stash[settings_key]
+        config.stash[history_key] = expected_seconds_from_dataset(settings.results_dir, settings.device.name)
+    return config.stash[history_key]
+
+
 def expected_seconds(history: Mapping[str, float], model_id: str, plan: Plan) -> float:
     """How long a model is expected to take: its last run in the dataset, else the planner's prior."""
     return history.get(model_id, prior_seconds(plan))
@@ -48,8 +59,7 @@ def expected_seconds(history: Mapping[str, float], model_id: str, plan: Plan) ->
 
 def progress_plan(config: pytest.Config, items: Sequence[tuple[str, Plan | None]]) -> dict[str, Planned]:
     """What the progress lines expect of each catalog item (node id, its plan or None)."""
-    settings = config.stash[settings_key]
-    history = expected_seconds_from_dataset(settings.results_dir, settings.device.name)
+    history = _history(config)
     planned = {}
     for nodeid, plan in items:
         model_id = suite.model_id_of(nodeid) or nodeid
@@ -114,7 +124,7 @@ def order_items(config: pytest.Config, items: list[pytest.Item]) -> None:
         plan = plans.get(item.stash[model_key].id)
         if plan is not None:
             item.stash[plan_key] = plan
-    history = expected_seconds_from_dataset(settings.results_dir, settings.device.name)
+    history = _history(config)
 
     def cost(item: pytest.Item) -> float:
         plan = item.stash.get(plan_key, None)
