@@ -44,6 +44,7 @@ _ENTRY_FIELDS: tuple[str, ...] = (
     "exclude",
     "tags",
     "min_cosine",
+    "timeout",
 )
 _EXCLUDE_FIELDS: tuple[str, ...] = ("reason", "note")
 
@@ -115,6 +116,10 @@ class ModelSpec:
         line: 1-based line of the entry in that file (0 for the command line).
         min_cosine: embedding tasks only: the cosine similarity every sentence's device
             embedding must reach against the CPU's; None means ``checks.DEFAULT_MIN_COSINE``.
+        timeout: seconds each of this model's run.py processes (device run, CPU reference, CPU
+            check) may take before its process group is killed; None means ``--model-timeout``.
+            A large model's compile may need more than the sweep's default; a model known to hang
+            can be given less, so the sweep does not wait for it.
     """
 
     id: str
@@ -130,6 +135,7 @@ class ModelSpec:
     source: str = "catalog"
     line: int = 0
     min_cosine: float | None = None
+    timeout: float | None = None
 
     @property
     def embedding(self) -> bool:
@@ -322,6 +328,9 @@ def _parse_entry(node: yaml.Node, shown: str) -> ModelSpec:
             "drop the field (docs/tasks.md lists the sentences)",
         )
     min_cosine = _parse_min_cosine(raw, task, err)
+    timeout = raw.get("timeout", (None, line))[0]
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0):
+        raise err("timeout", "must be a positive number of seconds", timeout, "write e.g. 'timeout: 1800', or drop it")
     cores = raw.get("cores", (None, line))[0]
     if cores is not None and (isinstance(cores, bool) or cores not in CORE_COUNTS):
         raise err("cores", "not an allowed core count", cores, f"use one of {', '.join(map(str, CORE_COUNTS))}")
@@ -345,6 +354,7 @@ def _parse_entry(node: yaml.Node, shown: str) -> ModelSpec:
         source="catalog",
         line=line,
         min_cosine=min_cosine,
+        timeout=None if timeout is None else float(timeout),
     )
 
 

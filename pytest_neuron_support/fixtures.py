@@ -52,7 +52,7 @@ from .rows import (
     with_parity,
 )
 from .runscript import RunSpec, render_and_run
-from .settings import Settings, core_pool, min_cosine_of, settings_hash, slug
+from .settings import Settings, core_pool, min_cosine_of, settings_hash, slug, timeout_of
 
 #: The fixtures this module provides; a test that uses any of them gets a row.
 FIXTURES: tuple[str, ...] = (
@@ -65,7 +65,16 @@ FIXTURES: tuple[str, ...] = (
     "neuron_check",
 )
 #: ``@pytest.mark.neuron_model`` keywords: the catalog fields a test may set.
-MODEL_FIELDS: tuple[str, ...] = ("task", "revision", "dtype", "prompt", "cores", "trust_remote_code", "min_cosine")
+MODEL_FIELDS: tuple[str, ...] = (
+    "task",
+    "revision",
+    "dtype",
+    "prompt",
+    "cores",
+    "trust_remote_code",
+    "min_cosine",
+    "timeout",
+)
 #: The ledger session of a session that runs no catalog, handed from the controller to its workers.
 WORKERINPUT_SESSION = "neuron_support_fixture_session"
 #: Characters of a failed test's exception kept in its row.
@@ -92,8 +101,8 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
         "neuron_model(id, *, prompt=None, task='text-generation', revision='main', dtype='bfloat16', cores=None, "
-        "trust_remote_code=False, min_cosine=None): the model the neuron_model, neuron_run and neuron_reference "
-        "fixtures check (a Hub id org/name, or ./dir for a local checkpoint)",
+        "trust_remote_code=False, min_cosine=None, timeout=None): the model the neuron_model, neuron_run and "
+        "neuron_reference fixtures check (a Hub id org/name, or ./dir for a local checkpoint)",
     )
     workerinput = getattr(config, "workerinput", None)
     if workerinput is not None:
@@ -429,6 +438,9 @@ def model_from_marker(args: Sequence[Any], kwargs: Mapping[str, Any]) -> ModelSp
     prompt = kwargs.get("prompt")
     if prompt is not None and (not isinstance(prompt, str) or not prompt.strip()):
         raise MarkerError(f"neuron_model: prompt={prompt!r} must be non-empty text (or leave it out: --prompt)")
+    timeout = kwargs.get("timeout")
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0):
+        raise MarkerError(f"neuron_model: timeout={timeout!r} must be a positive number of seconds (or leave it out)")
     return replace(model, **dict(kwargs), source="test")
 
 
@@ -641,7 +653,7 @@ def neuron_run(
             spec,
             workdir / "device",
             env=device_env,
-            timeout=settings.model_timeout,
+            timeout=timeout_of(neuron_model, settings),
             memory_limit=settings.host_memory_limit,
         )
     except BaseException:

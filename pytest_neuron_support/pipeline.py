@@ -48,7 +48,7 @@ from .rows import (
     with_parity,
 )
 from .runscript import JudgeSpec, RunSpec, render_and_run, render_judge
-from .settings import IMAGE_SIZE, Settings, prompt_of, slug
+from .settings import IMAGE_SIZE, Settings, prompt_of, slug, timeout_of
 
 #: Host memory the CPU check needs per byte of weights in its dtype (activations, logits, the
 #: interpreter and the library around them).
@@ -158,13 +158,14 @@ def _execute(
     directory: Path,
     env: Mapping[str, str],
     settings: Settings,
+    model: ModelSpec,
     cancel: threading.Event | None = None,
 ) -> tuple[str, ProcessOutcome]:
     return render_and_run(
         spec,
         directory,
         env=env,
-        timeout=settings.model_timeout,
+        timeout=timeout_of(model, settings),
         memory_limit=settings.host_memory_limit,
         cancel=cancel,
     )
@@ -185,6 +186,7 @@ class ReferenceRun:
         self._directory = workdir / "reference"
         self._env = _cpu_env(environ)
         self._settings = settings
+        self._model = model
         self._cancel = threading.Event()
         self._outcome: ProcessOutcome | None = None
         self._thread: threading.Thread | None = None
@@ -195,7 +197,8 @@ class ReferenceRun:
             self._thread.start()
 
     def _run(self) -> None:
-        self._outcome = _execute(self.spec, self._directory, self._env, self._settings, cancel=self._cancel)[1]
+        run = _execute(self.spec, self._directory, self._env, self._settings, self._model, cancel=self._cancel)
+        self._outcome = run[1]
 
     def outcome(self) -> ProcessOutcome:
         """The finished run: waits for the early one, or runs it now if none was started."""
@@ -247,7 +250,7 @@ def run_model(
     reference = ReferenceRun(model, settings, workdir, environ) if not sharded or model.embedding else None
     spec = run_spec(model, settings, device=settings.device, reference=False, post_load=post_load, plan=plan)
     try:
-        source, outcome = _execute(spec, workdir / "device", device_env, settings)
+        source, outcome = _execute(spec, workdir / "device", device_env, settings, model)
     except BaseException:
         if reference is not None:
             reference.cancel()
@@ -336,7 +339,7 @@ def _cpu_check(
     if cached is not None:
         forced = teacher_forced(cached["forced"], device_top)
         return with_forced(replace(row, cpu_check="cached", cpu_check_s=0.0), forced), forced, None
-    _, outcome = _execute(spec, workdir / "cpu-check", _cpu_env(environ), settings)
+    _, outcome = _execute(spec, workdir / "cpu-check", _cpu_env(environ), settings, model)
     row = replace(row, cpu_check="ran", cpu_check_s=round(outcome.wall_s, 3))
     checked = outcome.result
     if checked is None or not checked.get("ok"):

@@ -128,6 +128,12 @@ def min_cosine_of(model: ModelSpec) -> float:
     return DEFAULT_MIN_COSINE if model.min_cosine is None else model.min_cosine
 
 
+def timeout_of(model: ModelSpec, settings: Settings) -> float:
+    """Seconds each of ``model``'s run.py processes may take: the entry's ``timeout``, else
+    ``--model-timeout``."""
+    return settings.model_timeout if model.timeout is None else model.timeout
+
+
 def settings_hash(model: ModelSpec, settings: Settings) -> str:
     """What makes two rows of one model on one stack comparable: a rerun with the same hash
     would repeat the same check (``--resume`` skips it)."""

@@ -58,6 +58,7 @@ models:
     trust_remote_code: true
     extra_packages: ["foo==1.0"]
     tags: [llama, dense]
+    timeout: 7200
   - id: org/model-b
     task: image-text-to-text
     exclude: {reason: too-large, note: "needs 40 cores"}
@@ -75,9 +76,10 @@ models:
         extra_packages=("foo==1.0",),
         tags=("llama", "dense"),
         line=3,
+        timeout=7200.0,
     )
-    assert b.exclude is not None and b.exclude.reason == "too-large" and b.line == 12
-    assert b.revision == "main" and b.dtype == "bfloat16"
+    assert b.exclude is not None and b.exclude.reason == "too-large" and b.line == 13
+    assert b.revision == "main" and b.dtype == "bfloat16" and b.timeout is None
     with pytest.raises(AttributeError):
         a.id = "x"  # type: ignore[misc]
 
@@ -132,6 +134,14 @@ BAD_CASES: dict[str, tuple[str, tuple[str, ...]]] = {
     "min_cosine not a number": (
         "models:\n  - id: org/x\n    task: sentence-similarity\n    min_cosine: high\n",
         ("field 'min_cosine'", "'high'"),
+    ),
+    "timeout not positive": (
+        "models:\n  - id: org/x\n    task: text-generation\n    timeout: 0\n",
+        ("cat.yaml:4", "entry 'org/x'", "field 'timeout'", "must be a positive number of seconds", "(got 0)"),
+    ),
+    "timeout not a number": (
+        "models:\n  - id: org/x\n    task: text-generation\n    timeout: soon\n",
+        ("field 'timeout'", "'soon'", "timeout: 1800"),
     ),
     "prompt on an embedding task": (
         "models:\n  - id: org/x\n    task: sentence-similarity\n    prompt: hello\n",

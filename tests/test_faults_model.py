@@ -5,6 +5,7 @@ and stage, its CPU reference is stopped when the device run dies, and the next i
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -91,20 +92,21 @@ def test_crash_hang_memory_and_compile_faults_are_rows_and_the_sweep_goes_on(
     record = pytester.path / "record"
     for name, value in record_tree(record, SITECUSTOMIZE + BLOCK_REFERENCE).items():
         monkeypatch.setenv(name, value)
+    models = catalog(
+        "tiny-random/llama",
+        "tiny-random/mistral",
+        "tiny-random/phi3",
+        "tiny-random/smollm3",
+        "tiny-random/qwen2",
+        "tiny-random/gpt2",
+        "tiny-random/qwen3",
+    )
+    # The hanging model's own timeout (the entry's field): the sweep waits 45 s for it, not the
+    # --model-timeout every other model may need to compile on a loaded 2-CPU machine.
     pytester.makefile(
-        ".yaml",
-        models=catalog(
-            "tiny-random/llama",
-            "tiny-random/mistral",
-            "tiny-random/phi3",
-            "tiny-random/smollm3",
-            "tiny-random/qwen2",
-            "tiny-random/gpt2",
-            "tiny-random/qwen3",
-        ),
+        ".yaml", models=models.replace("{id: tiny-random/mistral,", "{id: tiny-random/mistral, timeout: 45,")
     )
     result = pytester.runpytest_subprocess(
-        # Long enough for the healthy model to compile on a loaded 2-CPU machine; the hang hits it.
         "--device=cpu",
         "-n",
         "2",
@@ -131,7 +133,8 @@ def test_crash_hang_memory_and_compile_faults_are_rows_and_the_sweep_goes_on(
 
     hang = df.loc["tiny-random/mistral"]
     assert (hang.result, hang.failure_stage) == ("TIMEOUT", "load")
-    assert "exceeded the timeout" in hang.error
+    waited = re.search(r"exceeded the timeout after (\d+)s", hang.error)
+    assert waited is not None and 45 <= int(waited.group(1)) < 90, hang.error  # the entry's, not --model-timeout
     # run.py was there while it hung, and the whole process group was gone when the item reported.
     hung = [r for r in recorded(record) if r.under(runs / "tiny-random--mistral" / "cpu" / "device")]
     assert any(a.endswith("run.py") for r in hung for a in r.argv), hung

