@@ -75,16 +75,75 @@ def _merge(args: argparse.Namespace) -> int:
 
 
 def _diff(args: argparse.Namespace) -> int:
-    from .dataset import diff_datasets, read_dataset
+    from .dataset import blocking_summary, diff_datasets, diff_signatures, read_dataset
 
-    changes = diff_datasets(read_dataset(Path(args.old)), read_dataset(Path(args.new)))
+    old_rows, new_rows = read_dataset(Path(args.old)), read_dataset(Path(args.new))
+    changes = diff_datasets(old_rows, new_rows)
     counts: dict[str, int] = {}
     for change in changes:
         counts[change.kind] = counts.get(change.kind, 0) + 1
         if change.kind != "unchanged" or args.verbose:
             print(f"{change.kind:<10} {change.model_id} [{change.device}]: {change.old or '-'} -> {change.new or '-'}")
+    moved = diff_signatures(old_rows, new_rows)
+    for sig in moved:
+        if sig.kind == "persisting" and not args.verbose:
+            continue
+        if sig.kind == "persisting":
+            count = f"{len(sig.old_models)} -> {len(sig.new_models)} model(s)"
+        else:
+            count = f"{len(sig.new_models if sig.kind == 'appeared' else sig.old_models)} model(s)"
+        print(f"{sig.kind:<11} {count}: {sig.signature}")
+        print(f"            {', '.join(sig.new_models if sig.kind != 'disappeared' else sig.old_models)}")
+    if moved:
+        print(blocking_summary(moved))
+    # The per-model counts stay the last line: scripts read it.
     print(", ".join(f"{n} {kind}" for kind, n in sorted(counts.items())) or "no rows")
     return 1 if counts.get("regressed") else 0
+
+
+#: Characters of a signature's example error that `failures` prints.
+EXAMPLE_CHARS = 300
+
+
+def _failures(args: argparse.Namespace) -> int:
+    """The failure signatures of one stack, by the number of models each blocks."""
+    from .dataset import DATA_DIR, read_rows
+    from .signatures import blockers, head
+
+    data = Path(args.results_dir) / DATA_DIR
+    files = {path.stem: path for path in sorted(data.glob("*.parquet"))}
+    if not files:
+        print(
+            f"neuron-support failures: no dataset under {data} (no .parquet file); "
+            "pass the --results-dir of a sweep (default results)",
+            file=sys.stderr,
+        )
+        return 2
+    if args.stack is not None and args.stack not in files:
+        print(
+            f"neuron-support failures: no stack {args.stack} under {data}; pass one of: {', '.join(files)}",
+            file=sys.stderr,
+        )
+        return 2
+    by_stack = {stem: read_rows(path) for stem, path in files.items() if args.stack in (None, stem)}
+    # Without --stack, the stack with the newest row: the one the viewer opens on, too.
+    stem = args.stack or max(by_stack, key=lambda s: (max((r.timestamp for r in by_stack[s]), default=""), s))
+    rows = by_stack[stem]
+    found = blockers(rows)
+    models = {r.model_id for r in rows}
+    blocked = {m for b in found for m in b.models}
+    print(f"{stem}: {len(found)} failure signature(s) block {len(blocked)} of {len(models)} model(s) ({files[stem]})")
+    if args.stack is None and len(files) > 1:
+        print(f"(the newest of {len(files)} stacks; --stack picks another: {', '.join(s for s in files if s != stem)})")
+    for blocker in found:
+        example = head(blocker.example)
+        if len(example) > EXAMPLE_CHARS:
+            example = example[:EXAMPLE_CHARS].rstrip() + "..."
+        print()
+        print(f"{len(blocker.models)} model(s)  {blocker.signature}")
+        print(f"  models: {', '.join(blocker.models)}")
+        print(f"  e.g. {blocker.example_model}: {example}")
+    return 0
 
 
 def _catalog_extra_packages(models_file: str | None, model: str) -> tuple[str, ...]:
@@ -305,12 +364,30 @@ def build_parser() -> argparse.ArgumentParser:
     merge.add_argument("--into", required=True, help="dataset folder to merge into")
     merge.set_defaults(func=_merge)
     diff = sub.add_parser(
-        "diff", help="per model: regressed / fixed / new / missing / unchanged (exit 1 on regressions)"
+        "diff",
+        help="per model: regressed / fixed / new / missing / unchanged, and the failure signatures that appeared "
+        "or disappeared (exit 1 on regressions)",
     )
     diff.add_argument("old", help="dataset folder (the baseline)")
     diff.add_argument("new", help="dataset folder (the candidate)")
-    diff.add_argument("-v", "--verbose", action="store_true", help="also list unchanged models")
+    diff.add_argument(
+        "-v", "--verbose", action="store_true", help="also list unchanged models and persisting signatures"
+    )
     diff.set_defaults(func=_diff)
+    failures = sub.add_parser(
+        "failures", help="failure signatures of one stack, by the number of models each blocks, with an example"
+    )
+    failures.add_argument(
+        "results_dir",
+        nargs="?",
+        default="results",
+        metavar="RESULTS",
+        help="dataset folder (default results)",
+    )
+    failures.add_argument(
+        "--stack", help="stack file stem, e.g. neuronxcc-2.21.0__transformers-5.24.0 (default: the newest)"
+    )
+    failures.set_defaults(func=_failures)
     runscript = sub.add_parser(
         "runscript", help="the run.py that ran for a model, the packages to install and the NEFF-cache sync command"
     )

@@ -27,6 +27,7 @@ from pathlib import Path
 from filelock import FileLock
 
 from .records import COLUMN_DOCS, COLUMN_TYPES, RESULTS, STAGES, VERDICT_BASES, Row, arrow_schema
+from .signatures import BUCKETS, MAX_MESSAGE, RULES, blockers
 from .storage import write_atomic
 
 DATA_DIR = "data"
@@ -204,6 +205,57 @@ def diff_datasets(old_rows: Iterable[Row], new_rows: Iterable[Row]) -> list[Chan
     return changes
 
 
+@dataclass(frozen=True)
+class SignatureChange:
+    """How one failure signature moved between two datasets.
+
+    Attributes:
+        signature: the failure signature (:func:`.signatures.signature`).
+        kind: ``appeared`` (only the new dataset has it), ``disappeared`` (only the old one), or
+            ``persisting`` (both).
+        old_models / new_models: the models it blocks in each (empty where absent), sorted.
+    """
+
+    signature: str
+    kind: str
+    old_models: tuple[str, ...]
+    new_models: tuple[str, ...]
+
+
+def diff_signatures(old_rows: Iterable[Row], new_rows: Iterable[Row]) -> list[SignatureChange]:
+    """The failure signatures of each model's newest row in ``old_rows`` and in ``new_rows``
+    (the rows :func:`diff_datasets` compares): appeared first, then disappeared, then persisting,
+    each by the number of models it blocks."""
+    old = {b.signature: b.models for b in blockers(_latest(old_rows).values())}
+    new = {b.signature: b.models for b in blockers(_latest(new_rows).values())}
+    changes = []
+    for sig in set(old) | set(new):
+        kind = "persisting" if sig in old and sig in new else "appeared" if sig in new else "disappeared"
+        changes.append(SignatureChange(sig, kind, old.get(sig, ()), new.get(sig, ())))
+    order = {"appeared": 0, "disappeared": 1, "persisting": 2}
+    return sorted(changes, key=lambda c: (order[c.kind], -max(len(c.old_models), len(c.new_models)), c.signature))
+
+
+def blocking_summary(changes: Iterable[SignatureChange]) -> str:
+    """One line for ``neuron-support diff``: how many signatures appeared and disappeared, and what
+    that did to the models: newly blocked (blocked now by an appeared signature, by none before),
+    unblocked (blocked before by a disappeared signature, by none now) and those a disappeared
+    signature left that another one blocks now."""
+    changes = list(changes)
+    blocked_old = {m for c in changes for m in c.old_models}
+    blocked_new = {m for c in changes for m in c.new_models}
+    appeared = [c for c in changes if c.kind == "appeared"]
+    gone = [c for c in changes if c.kind == "disappeared"]
+    newly = {m for c in appeared for m in c.new_models} - blocked_old
+    left = {m for c in gone for m in c.old_models}
+    moved = left & blocked_new
+    line = (
+        f"signatures: {len(appeared)} appeared, {len(gone)} disappeared; "
+        f"{len(newly)} model(s) newly blocked, {len(left - moved)} model(s) unblocked"
+    )
+    return line + (f", {len(moved)} blocked by another signature now" if moved else "")
+
+
 #: Free space a sweep needs in its results directory before it starts: rows are small, but
 #: every item also keeps its run.py, result and log there. Less than this fails at start.
 MIN_FREE_BYTES = 64 << 20
@@ -301,6 +353,34 @@ def render_card(results_dir: Path) -> str:
     ]
     lines += ["", "## Failure stages", "", "| failure_stage | meaning |", "|---|---|"]
     lines += [f"| `{name}` | {text} |" for name, text in STAGES.items()]
+    found = blockers(rows)
+    lines += [
+        "",
+        "## Failure signatures",
+        "",
+        "Every ERROR, FAIL and TIMEOUT row has a `signature`, the same for every model that fails the same way, so",
+        "the one bug that blocks the most models is one group (`neuron-support failures` lists them):",
+        "`<stage>: <ExceptionType>[ <operation or module>]: <message>`. The message is the error's first line",
+        f"(continued while it ends with `:`), cut to {MAX_MESSAGE} characters, after the row's own model id, its",
+        "slug and its test id became `<model>` and `<test>` and these rules ran, in order (signals, exit codes and",
+        "errno values are kept):",
+        "",
+        "| rule | becomes | why |",
+        "|---|---|---|",
+    ]
+    for rule in RULES:
+        becomes = rule.replacement if isinstance(rule.replacement, str) else "<path>/<file name>"
+        shown = {"": "(removed)", " ": "one space"}.get(becomes, f"`{becomes}`")
+        lines.append(f"| {rule.name} | {shown} | {rule.why} |")
+    lines += [
+        "",
+        "Out-of-memory errors from torch, CUDA, the Neuron runtime or the host allocator are one signature per",
+        "kind of memory (`OutOfMemory device`, `OutOfMemory host`). Parity FAILs are bucketed by where the tokens",
+        f"first went wrong ({', '.join(name for _, _, name in BUCKETS)}, or later) and which check failed",
+        "(free-running, teacher-forced, both; near-ties said); a warm run that differs by where it parts.",
+        "",
+        f"This dataset: {len(found)} signature(s) blocking {len({m for b in found for m in b.models})} model(s).",
+    ]
     lines += ["", "## Columns", "", "| column | type | meaning |", "|---|---|---|"]
     lines += [f"| `{name}` | {COLUMN_TYPES[name]} | {COLUMN_DOCS[name]} |" for name in COLUMN_DOCS]
     return "\n".join(lines) + "\n"

@@ -14,7 +14,9 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
 
-SCHEMA_VERSION = 4
+from .signatures import MAX_MESSAGE, signature
+
+SCHEMA_VERSION = 5
 
 #: Every value of the ``result`` column and exactly what it means.
 RESULTS: Mapping[str, str] = {
@@ -173,6 +175,23 @@ class Row:
     )
     error: str | None = field(
         default=None, metadata=_doc("exception type and message, signal, or skip reason", label="Error")
+    )
+    # Derived, never passed: made from the row's own fields whenever a row is built (from_mapping
+    # and replace() included), so every row has it, crash rows too, and rows read from a dataset
+    # written before the column existed, or under older rules, compare under the current ones.
+    signature: str | None = field(
+        default=None,
+        init=False,
+        metadata=_doc(
+            "the failure's root cause, the same for every model that fails the same way (ERROR, FAIL and "
+            "TIMEOUT rows; null otherwise): '<stage>: <ExceptionType>[ <operation or module>]: <message>' with the "
+            "row's model id, paths, addresses, hex ids, shapes, sizes, times and numbers normalised away (signals, "
+            "exit codes and errno kept), the message's first line (continued while it ends with ':') cut to "
+            f"{MAX_MESSAGE} characters; out-of-memory errors as 'OutOfMemory device|host'; parity FAILs by where "
+            "tokens first went wrong (token 0, 1-3, 4-15, 16-31, 32+) and which check failed; recomputed whenever "
+            "a row is read. `neuron-support failures` groups models by it",
+            label="Failure signature",
+        ),
     )
     exclude_reason: str | None = field(default=None, metadata=_doc("catalog exclusion reason"))
     exclude_note: str | None = field(default=None, metadata=_doc("catalog exclusion note"))
@@ -382,6 +401,9 @@ class Row:
     )
     schema_version: int = field(default=SCHEMA_VERSION, metadata=_doc("version of this schema"))
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "signature", signature(self))
+
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
 
@@ -390,7 +412,7 @@ class Row:
         """Rebuild a row from JSON or a Parquet record; unknown keys are ignored."""
         kwargs: dict[str, Any] = {}
         for f in dataclasses.fields(cls):
-            if f.name not in data:
+            if f.name not in data or not f.init:  # a derived column is made again, not read
                 continue
             value = data[f.name]
             if COLUMN_TYPES[f.name].startswith("list") and value is not None:

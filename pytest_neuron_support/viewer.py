@@ -44,6 +44,7 @@ from .hub import TASKS as HUB_TASKS
 from .hub import HubError, HubRanking, fetch_all, load_snapshot, save_snapshot
 from .records import COLUMN_DOCS, COLUMN_LABELS, COLUMN_TYPES, RESULTS, STAGES, VERDICT_BASES, Row
 from .runscript import template
+from .signatures import blockers
 
 #: AWS's pip index for neuronx-cc and torch-neuronx (the PyPI names are placeholders).
 NEURON_PIP_INDEX = "https://pip.repos.neuron.amazonaws.com"
@@ -76,6 +77,7 @@ DETAIL_COLUMNS: tuple[str, ...] = (
     "result",
     "failure_stage",
     "error",
+    "signature",
     "verdict_basis",
     "cpu_check",
     "positions_checked",
@@ -350,6 +352,9 @@ def report_data(rows: Sequence[Row], catalog: Catalog | None, hub_view: HubView)
             ]
         )
     )
+    # The Failures view: each stack's signatures by the models they block, made by the function
+    # `neuron-support failures` prints, so the page and the terminal group alike.
+    failures = {stem: [b.to_dict() for b in blockers(stack_rows)] for stem, stack_rows in sorted(by_stack.items())}
     return {
         "generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "plugin_version": __version__,
@@ -367,6 +372,7 @@ def report_data(rows: Sequence[Row], catalog: Catalog | None, hub_view: HubView)
         "stacks": stacks,
         "default_stack": default_stack,
         "rows": row_dicts,
+        "failures": failures,
         "catalog": {"path": catalog.path.name if catalog else None, "models": catalog_models},
         "hub": hub_view.to_dict(),
     }

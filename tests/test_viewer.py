@@ -592,6 +592,85 @@ def test_hub_unavailable_is_shown_in_the_page(browser: Any, dataset: Path, tmp_p
     assert table(browser) == {}
 
 
+def failing_rows() -> list[Row]:
+    """One stack where one unsupported op blocks two models, a hostile error blocks a third, one passes."""
+
+    def failed(model: str, error: str, task: str = "text-generation") -> Row:
+        return make_row(model, "ERROR", NEW, failure_stage="compile", error=error, task=task)
+
+    op = (
+        "BackendCompilerFailed: backend='neuron' raised:\nNotImplementedError: Could not run 'aten::_fancy_op' with "
+        "arguments from the 'Neuron' backend: input {shape} at {address}\n\nSet TORCHDYNAMO_VERBOSE=1 for the "
+        "internal stack trace"
+    )
+    return [
+        failed("org/alpha-1b", op.format(shape="[2, 37, 64]", address="0x7f3a2c001b40")),
+        failed("org/gamma-vl", op.format(shape="[1, 9, 128]", address="0x55d0c0ffee00"), task="image-text-to-text"),
+        failed("org/beta-7b", f"RuntimeError: {XSS}"),
+        make_row("org/never-run", "PASS", NEW),
+    ]
+
+
+def test_failures_view_shows_the_table_the_cli_prints(browser: Any, tmp_path: Path) -> None:
+    from selenium.webdriver.common.by import By
+
+    write_rows(tmp_path / "results", failing_rows())
+    printed = cli("failures", str(tmp_path / "results"))
+    assert printed.returncode == 0, printed.stderr
+    counts = dict((m.group(2), int(m.group(1))) for m in re.finditer(r"^(\d+) model\(s\)  (.+)$", printed.stdout, re.M))
+    assert sorted(counts.values()) == [1, 2]
+    done = cli("report", "--results-dir", str(tmp_path / "results"), "--out", str(tmp_path / "s"), "--no-hub")
+    assert done.returncode == 0, done.stderr
+    browser.get((tmp_path / "s" / "index.html").as_uri())
+    assert wait_for(lambda: browser.execute_script("return document.body.dataset.ready") == "true")
+    assert not browser.find_element(By.ID, "failures-view").is_displayed()
+    browser.find_element(By.ID, "view-failures").click()
+    assert wait_for(lambda: browser.find_element(By.ID, "failures-view").is_displayed())
+    assert not browser.find_element(By.ID, "models").is_displayed()  # the models table gives way to it
+
+    def shown() -> list[tuple[str, int, list[str]]]:
+        rows = browser.find_elements(By.CSS_SELECTOR, "#failures tbody tr")
+        return [
+            (
+                tr.get_attribute("data-signature"),
+                int(tr.get_attribute("data-count")),
+                [b.text for b in tr.find_elements(By.CSS_SELECTOR, "button.model")],
+            )
+            for tr in rows
+        ]
+
+    table_now = shown()
+    # The same signatures, counts and order as `neuron-support failures` printed.
+    assert [(sig, n) for sig, n, _ in table_now] == list(counts.items())
+    op_sig, _, models = table_now[0]
+    assert models == ["org/alpha-1b", "org/gamma-vl"] and "aten::_fancy_op" in op_sig
+    cells = browser.find_elements(By.CSS_SELECTOR, "#failures tbody tr")[0].find_elements(By.TAG_NAME, "td")
+    assert [c.text for c in cells[:2]] == ["2", op_sig]
+    assert cells[3].text.startswith("org/alpha-1b: BackendCompilerFailed: backend='neuron' raised: NotImplementedError")
+    assert "2 failure signature(s) block 3 model(s)" in browser.find_element(By.ID, "failures-info").text
+    # A hostile error is text here too.
+    assert browser.execute_script("return window.__xss === undefined")
+    assert browser.find_elements(By.CSS_SELECTOR, "#failures img") == []
+    # The task filter and the search narrow the models inside each signature.
+    browser.find_element(By.ID, "search").send_keys("gamma")
+    assert wait_for(lambda: [(n, m) for _, n, m in shown()] == [(1, ["org/gamma-vl"])])
+    browser.find_element(By.ID, "search").clear()
+    browser.find_element(By.ID, "search").send_keys("nothing-fails-here")
+    assert wait_for(lambda: shown() == [])
+    assert "nothing blocks a model here" in browser.find_element(By.ID, "failures-info").text
+    browser.find_element(By.ID, "search").clear()
+    browser.find_element(By.ID, "search").send_keys("a")
+    assert wait_for(lambda: len(shown()) == 2)
+    # A model opens its row, whose detail shows the signature beside the error.
+    browser.find_element(By.CSS_SELECTOR, "#failures button.model[data-model='org/gamma-vl']").click()
+    assert wait_for(browser.find_element(By.ID, "detail").is_displayed)
+    assert browser.find_element(By.CSS_SELECTOR, "#detail dd[data-column='signature']").text == op_sig
+    browser.find_element(By.ID, "detail-close").click()
+    browser.find_element(By.ID, "view-selected").click()
+    assert wait_for(lambda: browser.find_element(By.ID, "models").is_displayed())
+    assert not browser.find_element(By.ID, "failures-view").is_displayed()
+
+
 def test_ci_installs_chromium_and_runs_the_tests_requiring_it() -> None:
     # The browser tests above must not be skipped in CI by accident: .ci/run installs the browser
     # and runs README's test command with the variable that makes a missing browser a failure.
