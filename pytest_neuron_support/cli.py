@@ -1,4 +1,5 @@
-"""The ``neuron-support`` command: build the tiny zoo, look rows up, rerun one, render the viewer, sync NEFF caches."""
+"""The ``neuron-support`` command: build the tiny zoo, look rows up, group failures by signature,
+rerun one, render the viewer, sync NEFF caches."""
 
 from __future__ import annotations
 
