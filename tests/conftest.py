@@ -92,18 +92,24 @@ def process_tag(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
 #: last, the longest would run on alone at the end. Only the order changes, never what runs.
 LONGEST_FIRST = (
     "tests/test_sweep.py::test_tiny_zoo_sweep_passes_every_architecture",
-    "tests/test_sharded.py::test_sharded_items_run_two_ranks",
     "tests/test_scale.py::",
-    "tests/test_sharded.py::test_the_judge_is_kept_beside_the_cpu_check",
-    "tests/test_faults_model.py::",
     "tests/test_verdicts.py::test_fluent_wrong_dead_and_warm_faults",
+    "tests/test_faults_model.py::",
+    "tests/test_sharded.py::test_sharded_items_run_two_ranks",
     "tests/test_leases.py::test_two_concurrent_sessions",
-    "tests/test_doctor.py::test_rows_record_the_self_check",
-    "tests/test_sweep.py::test_parity_failure_and_load_error",
-    "tests/test_tasks.py::",
-    "tests/test_fixtures.py::test_a_users_own_tests_lease_cores_check_a_tiny_model_and_get_rows_under_xdist",
+    "tests/test_sharded.py::test_the_judge_is_kept_beside_the_cpu_check",
+    "tests/test_faults_session.py::",
     "tests/test_doctor.py::test_cpu_passes_every_check",
-    "tests/test_promises.py::",
+    "tests/test_promises.py::test_resume_reruns",
+    "tests/test_sweep.py::test_parity_failure_and_load_error",
+    "tests/test_promises.py::test_near_tie",
+    "tests/test_doctor.py::test_rows_record_the_self_check",
+    "tests/test_tasks.py::test_vlm_and_real_minilm",
+    "tests/test_failures.py::",
+    "tests/test_faults_hub.py::test_an_unreachable_hub",
+    "tests/test_faults_security.py::",
+    "tests/test_verdicts.py::test_without_room",
+    "tests/test_progress.py::",
 )
 
 
@@ -111,8 +117,9 @@ def _rank(item: pytest.Item) -> tuple[int, int]:
     for rank, prefix in enumerate(LONGEST_FIRST):
         if item.nodeid.startswith(prefix):
             return (0, rank)
-    # Then the other tests that run models, then the rest.
-    return (1, 0) if item.get_closest_marker("slow") is not None else (2, 0)
+    # Then the other tests that run models or whole pytest sessions, then the rest.
+    heavy = {"offline_hub", "tiny_zoo_cache", "pytester"} & set(getattr(item, "fixturenames", ()))
+    return (1, 0) if heavy or item.get_closest_marker("slow") is not None else (2, 0)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -15,13 +15,14 @@ models:
   - {id: tiny-random/llama, task: text-generation, exclude: {reason: low-priority, note: not this time}}
 """
 
-# Kills the xdist worker the moment it starts the qwen3 item: a real SIGKILL of the worker process.
+# Kills the xdist worker the moment it starts the qwen3 item (its setup, where the check's fixture
+# would run the model): a real SIGKILL of the worker process.
 CONFTEST = """\
 import os
 import signal
 
 
-def pytest_runtest_call(item):
+def pytest_runtest_setup(item):
     if item.name == "test_model[tiny-random/qwen3]" and os.environ.get("PYTEST_XDIST_WORKER"):
         os.kill(os.getpid(), signal.SIGKILL)
 """

@@ -19,7 +19,7 @@ from test_sweep import overlapping_leases
 pytestmark = pytest.mark.slow
 
 SESSION_A = ["tiny-random/qwen3", "tiny-random/qwen2", "tiny-random/llama"]
-SESSION_B = ["tiny-random/smollm3", "tiny-random/gpt2", "tiny-random/llava"]
+SESSION_B = ["tiny-random/smollm3", "tiny-random/gpt2", "tiny-random/phi3"]
 
 
 def _session(workdir: Path, models: list[str], env: dict[str, str], *args: str) -> subprocess.Popen[bytes]:
