@@ -46,10 +46,11 @@ def _show(args: argparse.Namespace) -> int:
     if not rows:
         print(f"no rows for {args.model} under {args.results_dir}/data", file=sys.stderr)
         return 1
-    for row in sorted(rows, key=lambda r: (r.neuronx_cc, r.library_version, r.device)):
+    for row in sorted(rows, key=lambda r: (r.neuronx_cc, r.library_version, r.device, r.check)):
         stage = f" at {row.failure_stage}" if row.failure_stage else ""
         print(
-            f"{row.model_id}  neuronx-cc {row.neuronx_cc}  {row.library} {row.library_version}  {row.device}: "
+            f"{row.model_id}  neuronx-cc {row.neuronx_cc}  {row.library} {row.library_version}  {row.device}  "
+            f"{row.check}: "
             f"{row.result}{stage}  cores={row.neuron_cores}  run_s={row.run_s}  compile_s={row.compile_s}"
         )
         if row.error:
@@ -84,7 +85,9 @@ def _diff(args: argparse.Namespace) -> int:
     for change in changes:
         counts[change.kind] = counts.get(change.kind, 0) + 1
         if change.kind != "unchanged" or args.verbose:
-            print(f"{change.kind:<10} {change.model_id} [{change.device}]: {change.old or '-'} -> {change.new or '-'}")
+            check = "" if change.check == "inference" else f" ({change.check})"
+            results = f"{change.old or '-'} -> {change.new or '-'}"
+            print(f"{change.kind:<10} {change.model_id}{check} [{change.device}]: {results}")
     moved = diff_signatures(old_rows, new_rows)
     for sig in moved:
         if sig.kind == "persisting" and not args.verbose:

@@ -7,7 +7,7 @@ Layout of ``--results-dir``::
     .parts/<session>/<n>.json      rows written as items finish (crash safety)
 
 ``pandas.read_parquet("<results-dir>/data")`` loads every stack. Rows are keyed by
-(model_id, device, test) inside a stack's file: rerunning a model replaces its row and nothing
+(model_id, device, test, check) inside a stack's file: rerunning a model replaces its row and nothing
 else. Every write goes to a temporary file and is renamed into place, under a file lock, so
 concurrent sessions and shards never lose or tear a row.
 """
@@ -35,9 +35,10 @@ PARTS_DIR = ".parts"
 LOCK_NAME = ".dataset.lock"
 
 
-def row_key(row: Row) -> tuple[str, str, str]:
-    # A user's test of a model is a row of its own: it neither replaces nor is replaced by the catalog's.
-    return (row.model_id, row.device, row.test)
+def row_key(row: Row) -> tuple[str, str, str, str]:
+    # A user's test of a model is a row of its own: it neither replaces nor is replaced by the catalog's;
+    # so is each check of a model (its inference and its training row).
+    return (row.model_id, row.device, row.test, row.check)
 
 
 def stack_stem(row: Row) -> str:
@@ -154,7 +155,8 @@ def expected_seconds_from_dataset(results_dir: Path, device: str) -> dict[str, f
     except Exception:  # an unreadable old dataset only costs the ordering hint
         return seconds
     for row in sorted(rows, key=lambda r: r.timestamp):
-        if row.device == device and row.run_s is not None and not row.test:  # a user test is no catalog run
+        # A user test is no catalog run; a training row times another check (its items use the prior).
+        if row.device == device and row.run_s is not None and not row.test and row.check == "inference":
             seconds[row.model_id] = row.run_s + (row.reference_s or 0.0)
     return seconds
 
@@ -165,6 +167,7 @@ class Change:
 
     Attributes:
         model_id / device: the model and the device kind compared.
+        check: the check compared (``inference`` or ``train``: each is a row of its own).
         kind: ``regressed`` (was PASS, now not), ``fixed`` (now PASS, was not), ``new`` (only in
             the new dataset), ``missing`` (only in the old), or ``unchanged``.
         old / new: the results compared (None where absent).
@@ -175,10 +178,11 @@ class Change:
     kind: str
     old: str | None
     new: str | None
+    check: str = "inference"
 
 
-def _latest(rows: Iterable[Row]) -> dict[tuple[str, str, str], Row]:
-    latest: dict[tuple[str, str, str], Row] = {}
+def _latest(rows: Iterable[Row]) -> dict[tuple[str, str, str, str], Row]:
+    latest: dict[tuple[str, str, str, str], Row] = {}
     for row in sorted(rows, key=lambda r: r.timestamp):
         latest[row_key(row)] = row
     return latest
@@ -201,7 +205,7 @@ def diff_datasets(old_rows: Iterable[Row], new_rows: Iterable[Row]) -> list[Chan
             kind = "fixed"
         else:
             kind = "unchanged"
-        changes.append(Change(key[0], key[1], kind, before, after))
+        changes.append(Change(key[0], key[1], kind, before, after, key[3]))
     return changes
 
 

@@ -24,10 +24,10 @@ from .dataset import (
     write_rows,
 )
 from .records import Row
-from .rows import base_row
+from .rows import base_row, training_row
 from .settings import Settings, slug
 from .storage import write_atomic
-from .suite import model_id_of
+from .suite import check_of, model_id_of
 
 ROW_PROPERTY = "neuron_support_row"
 writer_key = pytest.StashKey["ResultsWriter"]()
@@ -109,8 +109,11 @@ class ResultsWriter:
             # A user's test that started a neuron fixture left a marker; a plain test has no row.
             row = crashed_test_row(self.settings, crashitem, report.longrepr, self.started)
         else:
+            row = base_row(model, self.settings)
+            if check_of(crashitem) == "train":
+                row = training_row(row, model, self.settings)
             row = replace(
-                base_row(model, self.settings),
+                row,
                 failure_stage="harness",
                 verdict_basis="run",
                 error=f"the pytest worker died while checking this model: {report.longrepr}",
