@@ -39,6 +39,9 @@ SPEC = {}  # @@SPEC@@
 
 STAGE = {"name": "start"}
 WORLD = {"size": 1, "rank": 0}
+#: What loading found (the DistributedConfig that loaded, the ones that did not): kept in the result
+#: even when a later stage fails, as evidence that the model did load sharded.
+FACTS = {}
 
 
 class NothingCompiledError(RuntimeError):
@@ -253,7 +256,7 @@ def train(torch, tokenizer, model):
 def run():
     import torch
 
-    facts = {}
+    facts = FACTS
     if WORLD["size"] > 1:
         import torch.distributed as dist
 
@@ -288,6 +291,7 @@ def run_and_write(out, rank=0):
         result["ok"] = True
         enter("done")
     except Exception as exc:
+        result.update(FACTS)
         result.update(
             stage=STAGE["name"],
             error_type=type(exc).__name__,

@@ -1,0 +1,332 @@
+"""The training check (issue 16, part 2): train.py, its verdict, its memory model, its items and rows.
+
+The end-to-end test runs three tiny-zoo models through the plugin in one session (one pytest start,
+no xdist, the cheapest compile backend: the CI budget): a one-core PASS, a 2-core tensor-parallel
+case, and a model whose device run gets one corrupted gradient step through the post-load hook.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from pytest_neuron_support import suite
+from pytest_neuron_support.catalog import CatalogError, checks_of, parse_catalog
+from pytest_neuron_support.checks import (
+    GRAD_NORM_RTOL,
+    LOSS_ATOL,
+    LOSS_RTOL,
+    TRAIN_BATCH,
+    TRAIN_MAX_LENGTH,
+    TRAIN_STEPS,
+    TRAIN_TEXTS,
+    compare_training,
+)
+from pytest_neuron_support.dataset import read_dataset, row_key, write_rows
+from pytest_neuron_support.devices import DEVICES
+from pytest_neuron_support.options import _checks, check_list
+from pytest_neuron_support.planning import GIB, ModelShape, plan_cores, training_bytes
+from pytest_neuron_support.records import COLUMN_TYPES, SCHEMA_VERSION, STAGES, VERDICT_BASES, Row
+from pytest_neuron_support.runscript import TrainSpec, render_train
+
+# --- train.py ------------------------------------------------------------------------------------
+
+
+def spec(**overrides: object) -> TrainSpec:
+    fields: dict[str, object] = {
+        "model": "tiny-random/smollm3",
+        "revision": "main",
+        "dtype": "bfloat16",
+        "device": DEVICES["neuron"],
+        "compile": True,
+        "compile_backend": "neuron",
+        "steps": TRAIN_STEPS,
+        "batch_size": TRAIN_BATCH,
+        "max_length": TRAIN_MAX_LENGTH,
+        "learning_rate": 1e-3,
+        "seed": 0,
+        "texts": TRAIN_TEXTS,
+    }
+    fields.update(overrides)
+    return TrainSpec(**fields)  # type: ignore[arg-type]
+
+
+def rendered_spec(source: str) -> dict[str, object]:
+    """The SPEC literal of a rendered train.py, read back without running it."""
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "SPEC":
+            value = ast.literal_eval(node.value)
+            assert isinstance(value, dict)
+            return value
+    raise AssertionError("no SPEC in train.py")
+
+
+def test_train_py_has_every_setting_written_in() -> None:
+    source = render_train(spec(distributed_configs=({"tp_size": 2},), world_size=2))
+    written = rendered_spec(source)
+    assert written["steps"] == TRAIN_STEPS and written["max_length"] == TRAIN_MAX_LENGTH
+    assert written["texts"] == list(TRAIN_TEXTS)
+    assert written["distributed_configs"] == [{"tp_size": 2}] and written["world_size"] == 2
+    device = written["device"]
+    assert isinstance(device, dict)
+    # The device table's row travels with the script: backend, use_cpu, distributed backend.
+    assert (device["compile_backend"], device["train_use_cpu"], device["dist_backend"]) == ("neuron", False, "neuron")
+    # The guide's Trainer settings are in the script itself, not in the harness.
+    for needle in (
+        'torch_compile=SPEC["compile"]',
+        "dataloader_drop_last=True",
+        'padding="max_length"',
+        'max_steps=SPEC["steps"]',
+        'bf16=SPEC["dtype"] == "bfloat16"',
+        "DistributedConfig(**candidate)",
+        'start_method="spawn"',
+    ):
+        assert needle in source, needle
+    assert "Does tiny-random/smollm3 fine-tune on neuron?" in source
+    cpu = rendered_spec(render_train(spec(device=DEVICES["cpu"], compile=False)))["device"]
+    assert isinstance(cpu, dict) and cpu["train_use_cpu"] is True
+
+
+# --- the verdict ---------------------------------------------------------------------------------
+
+
+def test_losses_within_the_tolerance_pass_and_the_boundary_is_inclusive() -> None:
+    cpu = [8.0, 11.0, 6.0]
+    edge = [c + LOSS_ATOL + LOSS_RTOL * c for c in cpu]
+    # A hair inside the bound (floating point makes "exactly on it" rounding-dependent).
+    inside = [e - 1e-9 for e in edge]
+    assert compare_training(inside, cpu).match
+    outside = [cpu[0], edge[1] + 1e-6, cpu[2]]
+    parity = compare_training(outside, cpu)
+    assert (parity.match, parity.first_bad_step, parity.what) == (False, 2, "loss")
+    assert parity.max_loss_delta == pytest.approx(LOSS_ATOL + LOSS_RTOL * 11.0 + 1e-6)
+
+
+def test_a_gradient_norm_off_the_cpus_fails_at_that_step_even_when_losses_agree() -> None:
+    losses = [8.0, 11.0, 6.0]
+    norms = [12.0, 12.0, 7.0]
+    bad = [12.0, 12.0 * (1 + GRAD_NORM_RTOL) * 1.01, 7.0]
+    assert compare_training(losses, losses, norms, norms).match
+    parity = compare_training(losses, losses, bad, norms)
+    assert (parity.first_bad_step, parity.what, parity.cpu_value) == (2, "grad norm", 12.0)
+    # The step's forward comes first: a loss off at the same step is named, not the norm.
+    parity = compare_training([8.0, 20.0, 6.0], losses, bad, norms)
+    assert (parity.first_bad_step, parity.what) == (2, "loss")
+
+
+def test_non_finite_losses_and_missing_steps_fail() -> None:
+    parity = compare_training([8.0, math.nan, 6.0], [8.0, 11.0, 6.0])
+    assert (parity.match, parity.first_bad_step, parity.what) == (False, 2, "loss not finite")
+    parity = compare_training([math.inf], [math.inf])
+    assert (parity.first_bad_step, parity.what) == (1, "loss not finite")
+    parity = compare_training([8.0, 11.0], [8.0, 11.0, 6.0])
+    assert (parity.match, parity.first_bad_step, parity.what) == (False, 3, "step count")
+    assert not compare_training([], []).match
+
+
+# --- the memory model ----------------------------------------------------------------------------
+
+
+def shape(parameters: int, *, tp: bool = True) -> ModelShape:
+    return ModelShape(
+        model_type="qwen3" if tp else "gpt2",
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        num_experts=0,
+        has_tp_plan=tp,
+        parameters=parameters,
+        weights_source="local files",
+    )
+
+
+def test_training_state_is_four_copies_of_the_weights() -> None:
+    # bf16: weights 2 B + gradients 2 B + AdamW's exp_avg and exp_avg_sq 2 B each (zeros_like the weights).
+    assert training_bytes(1_000_000, "bfloat16") == 8_000_000
+    assert training_bytes(1_000_000, "float32") == 16_000_000
+
+
+def test_the_planner_sizes_training_runs_by_their_state() -> None:
+    core = 24 * GIB  # a trn2 logical core at LNC=2; 0.25 headroom leaves 18 GiB
+    eight_b = shape(8_000_000_000)  # 14.9 GiB of bf16 weights: one core for inference
+    assert plan_cores(eight_b, dtype="bfloat16", core_bytes=core).cores == 1
+    # Training holds 4 x 14.9 = 59.6 GiB: 4 cores of 18 GiB (3 would hold 54).
+    plan = plan_cores(eight_b, dtype="bfloat16", core_bytes=core, training=True)
+    assert (plan.cores, plan.tp_size) == (4, 4)
+    assert "59.6 GiB of training state" in plan.reason and "4 x 14.9 GiB" in plan.reason
+    assert plan.weight_bytes == 16_000_000_000  # the row's parameters still come from the weights
+    # A dense model without a TP plan must fit one core: 3e9 parameters train in 22.4 GiB > 18.
+    assert plan_cores(shape(2_000_000_000, tp=False), dtype="bfloat16", core_bytes=core, training=True).cores == 1
+    skipped = plan_cores(shape(3_000_000_000, tp=False), dtype="bfloat16", core_bytes=core, training=True)
+    assert (
+        skipped.skip is not None
+        and "cannot be sharded" in skipped.skip
+        and "22.4 GiB of training state" in skipped.skip
+    )
+
+
+# --- catalog, options, items, rows ---------------------------------------------------------------
+
+
+def entry(checks: str, task: str = "text-generation") -> str:
+    return f"models:\n  - id: org/a\n    task: {task}\n    checks: {checks}\n"
+
+
+def test_the_catalog_checks_field() -> None:
+    assert parse_catalog("models:\n  - {id: org/a, task: text-generation}\n", "m.yaml").models[0].checks == (
+        "inference",
+    )
+    # Kept in the table's order whatever order the entry lists them in.
+    assert parse_catalog(entry("[train, inference]"), "m.yaml").models[0].checks == ("inference", "train")
+    cases = {
+        "[train, fly]": "field 'checks': unknown check (got 'fly'); use one of inference, train",
+        "train": "field 'checks': must be a non-empty list of checks (got 'train')",
+        "[]": "field 'checks': must be a non-empty list of checks",
+        "[train, train]": "field 'checks': lists a check twice",
+    }
+    for value, message in cases.items():
+        with pytest.raises(CatalogError) as caught:
+            parse_catalog(entry(value), "m.yaml")
+        assert message in str(caught.value) and "m.yaml:4: entry 'org/a'" in str(caught.value), value
+    with pytest.raises(CatalogError, match="applies to text-generation only, not feature-extraction"):
+        parse_catalog(entry("[train]", task="feature-extraction"), "m.yaml")
+
+
+def test_the_check_option_and_what_it_selects() -> None:
+    assert check_list("train") == ("train",)
+    assert check_list("inference, train") == ("inference", "train")
+    with pytest.raises(pytest.UsageError, match=r"--check='trian': unknown check 'trian'; pass one or more of"):
+        check_list("trian")
+    assert _checks(None) is None
+    assert _checks([("train",), ("inference",)]) == ("inference", "train")
+    text = "models:\n  - {id: org/a, task: text-generation}\n  - {id: org/e, task: feature-extraction}\n"
+    generation, embedding = parse_catalog(text, "m.yaml").models
+    assert checks_of(generation, None) == ("inference",)
+    assert checks_of(generation, ("train",)) == ("train",)
+    assert checks_of(embedding, ("inference", "train")) == ("inference",)  # train applies to text-generation
+
+
+def test_item_names_tell_the_checks_apart() -> None:
+    assert suite.item_name("org/a") == "test_model[org/a]"
+    assert suite.item_name("org/a", "train") == "test_training[org/a]"
+    assert suite.model_id_of("models.yaml::test_training[org/a]") == "org/a"
+    assert suite.check_of("models.yaml::test_training[org/a]") == "train"
+    assert suite.check_of("models.yaml::test_model[org/a]") == "inference"
+    assert suite.check_of("tests/test_x.py::test_y") is None
+
+
+def test_a_models_two_checks_are_two_rows(tmp_path: Path) -> None:
+    assert SCHEMA_VERSION == 6 and "train" in STAGES and "train-losses" in VERDICT_BASES
+    assert COLUMN_TYPES["train_losses"] == "list<double>"
+    inference = Row(model_id="org/a", result="PASS", library_version="5", timestamp="1")
+    train = Row(
+        model_id="org/a",
+        result="FAIL",
+        check="train",
+        failure_stage="train",
+        library_version="5",
+        timestamp="2",
+        train_losses=(8.0, 11.5, 6.25),
+        train_first_bad_step=2,
+        error="training: loss diverged at step 2: the grad norm is 430 on the device, 12.4 on CPU",
+    )
+    assert row_key(inference) != row_key(train)
+    write_rows(tmp_path, [inference, train])
+    back = {row.check: row for row in read_dataset(tmp_path)}
+    assert set(back) == {"inference", "train"}
+    assert back["train"].train_losses == (8.0, 11.5, 6.25) and back["inference"].result == "PASS"
+    assert back["train"].signature == "train: loss diverged at step 2"
+    nan = Row(
+        model_id="org/b",
+        result="FAIL",
+        check="train",
+        failure_stage="train",
+        train_first_bad_step=1,
+        error="training: the loss at step 1 is not finite (nan)",
+    )
+    assert nan.signature == "train: loss not finite at step 1"
+
+
+# --- end to end ----------------------------------------------------------------------------------
+
+#: The planted fault, run by the device train.py right after loading (post-load hook): a gradient
+#: hook on the input embeddings that scales the gradient of the second backward pass, i.e. of
+#: optimizer step 2, by 100, once. The CPU side runs without it.
+FAULT = '''
+FAULT = """
+calls = {"n": 0}
+def corrupt(grad):
+    calls["n"] += 1
+    return grad * 100.0 if calls["n"] == 2 else grad
+model.get_input_embeddings().weight.register_hook(corrupt)
+"""
+
+
+def pytest_neuron_support_post_load(config, model):
+    return FAULT if model.id == "tiny-random/qwen3" else None
+'''
+
+
+@pytest.mark.slow
+def test_the_tiny_zoo_trains_on_cpu_and_a_corrupted_step_fails_at_that_step(
+    pytester: pytest.Pytester, offline_hub: Path, process_tag: str
+) -> None:
+    pytester.makeconftest(FAULT)
+    pytester.makefile(
+        ".yaml",
+        models=(
+            "models:\n"
+            "  - {id: tiny-random/smollm3, task: text-generation, checks: [train]}\n"
+            "  - {id: tiny-random/qwen3, task: text-generation, checks: [train]}\n"
+            # Inference only in the catalog: --check=train below gives it its training item too.
+            "  - {id: tiny-random/llama, task: text-generation, cores: 2}\n"
+        ),
+    )
+    # aot_eager: Dynamo and AOTAutograd capture the same forward and backward graphs any backend gets,
+    # without inductor's C++ code generation (56 s of CPU per model cold on this 2-CPU machine).
+    result = pytester.runpytest_subprocess(
+        "--device=cpu",
+        "--models-file=models.yaml",
+        "--check=train",
+        "--compile-backend=aot_eager",
+        "--neuron-cores=2",
+        "--results-dir=out",
+        "--reference-cache=none",
+        "-p",
+        "no:cacheprovider",
+    )
+    result.assert_outcomes(passed=1, failed=2)
+    result.stdout.fnmatch_lines(["*test_training*tiny-random/qwen3*", "*FAIL at stage train, decided by train-losses*"])
+    df = pd.read_parquet(pytester.path / "out" / "data").set_index("model_id")
+    assert set(df.check) == {"train"} and len(df) == 3  # --check=train: no inference items at all
+
+    good = df.loc["tiny-random/smollm3"]
+    assert (good.result, good.verdict_basis, good.train_steps, good.recompiles) == ("PASS", "train-losses", 3, 0)
+    assert len(good.train_losses) == len(good.cpu_train_losses) == 3
+    assert all(math.isfinite(v) for v in good.train_losses)
+    assert good.graphs_compiled >= 1 and good.train_first_step_s > 0 and good.train_steps_per_s > 0
+    # The memory model against what train.py held: weights + gradients + AdamW moments = 4 x weights.
+    assert good.train_state_bytes == 4 * good.weight_bytes
+    runs = pytester.path / "out" / "runs" / "tiny-random--smollm3" / "cpu" / "train"
+    device = json.loads((runs / "device" / "result.json").read_text())
+    cpu = json.loads((runs / "cpu" / "result.json").read_text())
+    assert list(good.train_losses) == device["losses"] and list(good.cpu_train_losses) == cpu["losses"]
+    assert device["training_state_bytes"]["optimizer_dtypes"] == ["bfloat16"]
+    assert "torch_compile=SPEC" in (runs / "device" / "train.py").read_text()
+
+    bad = df.loc["tiny-random/qwen3"]
+    assert (bad.result, bad.failure_stage, bad.train_first_bad_step) == ("FAIL", "train", 2)
+    assert bad.signature == "train: loss diverged at step 2"
+    assert bad.train_losses[0] == bad.cpu_train_losses[0]  # step 1 is clean on both sides
+    assert bad.train_grad_norms[1] > 10 * bad.cpu_train_grad_norms[1]  # step 2's gradient is the corrupted one
+
+    # Sharded: transformers 5.24 loads the 2-rank TP model and Trainer accepts it, but Accelerate 1.15 refuses
+    # tensor parallelism on CPU processes (gloo). An honest ERROR at stage train, with that error, per release.
+    sharded = df.loc["tiny-random/llama"]
+    assert (sharded.neuron_cores, sharded.tp_size, sharded.result, sharded.failure_stage) == (2, 2, "ERROR", "train")
+    assert "ParallelismConfig is only compatible" in sharded.error and "MULTI_CPU" in sharded.error
+    assert json.loads(sharded.distributed_config) == {"tp_size": 2}  # it did load sharded
