@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
 
+from .checks import GRAD_NORM_RTOL, LOSS_ATOL, LOSS_RTOL
 from .signatures import MAX_MESSAGE, signature
 
 SCHEMA_VERSION = 6
@@ -93,8 +94,9 @@ VERDICT_BASES: Mapping[str, str] = {
     "cosine": "embedding tasks: every sentence's cosine with the CPU embedding against cosine_threshold",
     "train-losses": (
         "the training check: the device's per-step losses and gradient norms against the same steps of the same "
-        "train.py on CPU (eager, same data and seed): every loss finite, |device - cpu| <= 0.01 + 0.02 x |cpu| per "
-        "step, gradient norms within 5 %, and no graph compiled again after the first step"
+        "train.py on CPU (eager, same data and seed): every loss finite, abs(device - cpu) <= "
+        f"{LOSS_ATOL} + {LOSS_RTOL} x abs(cpu) per step, gradient norms within {GRAD_NORM_RTOL:.0%}, and no graph "
+        "compiled again after the first step"
     ),
     "repeat": "the warm second generate() (or forward) differed from the first: a FAIL at stage generate",
     "run": "the run did not finish (ERROR or TIMEOUT): the exception, signal or timeout decided",
@@ -219,7 +221,7 @@ class Row:
         ),
     )
     train_max_loss_delta: float | None = field(
-        default=None, metadata=_doc("check train: the largest |device - cpu| loss difference over the steps (nats)")
+        default=None, metadata=_doc("check train: the largest abs(device - cpu) loss difference over the steps (nats)")
     )
     train_first_step_s: float | None = field(
         default=None,

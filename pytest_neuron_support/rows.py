@@ -393,7 +393,7 @@ def training_error(parity: TrainParity) -> str:
     if what == "loss not finite":
         return f"training: the loss at step {step} is not finite ({parity.device_value})"
     if what == "loss":
-        tolerance = f"tolerance {LOSS_ATOL} + {LOSS_RTOL} x |cpu|"
+        tolerance = f"tolerance {LOSS_ATOL} + {LOSS_RTOL} x abs(cpu)"
     else:
         tolerance = f"tolerance {GRAD_NORM_RTOL:.0%} of the CPU's"
     return (

@@ -36,8 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__, neffcache
+from .catalog import CHECKS, Catalog
 from .catalog import TASKS as CATALOG_TASKS
-from .catalog import Catalog
 from .dataset import read_dataset, stack_stem
 from .devices import DEVICES
 from .hub import TASKS as HUB_TASKS
@@ -63,6 +63,7 @@ TABLE_COLUMNS: tuple[str, ...] = (
     "run_s",
     "peak_device_memory_bytes",
     "task",
+    "check",
     "failure_stage",
     "verdict_basis",
     "error",
@@ -79,6 +80,17 @@ DETAIL_COLUMNS: tuple[str, ...] = (
     "error",
     "signature",
     "verdict_basis",
+    "check",
+    "train_first_bad_step",
+    "train_losses",
+    "cpu_train_losses",
+    "train_grad_norms",
+    "cpu_train_grad_norms",
+    "train_max_loss_delta",
+    "train_first_step_s",
+    "train_steps_per_s",
+    "train_state_bytes",
+    "recompiles",
     "cpu_check",
     "positions_checked",
     "positions_disagreeing",
@@ -321,7 +333,7 @@ def report_data(rows: Sequence[Row], catalog: Catalog | None, hub_view: HubView)
         )
     default_stack = max(stacks, key=lambda s: (s["newest"], s["stem"]))["stem"] if stacks else None
     row_dicts = []
-    for row in sorted(rows, key=lambda r: (stack_stem(r), r.model_id, r.device)):
+    for row in sorted(rows, key=lambda r: (stack_stem(r), r.model_id, r.device, r.check)):
         again = reproduction(row, extra.get(row.model_id, ()))
         record = {name: _json_value(value) for name, value in dataclasses.asdict(row).items()}
         record.update(
@@ -369,6 +381,8 @@ def report_data(rows: Sequence[Row], catalog: Catalog | None, hub_view: HubView)
         "results": dict(RESULTS),
         "stages": dict(STAGES),
         "tasks": tasks,
+        # The check filter: a model checked both ways has one row (and one table line) per check.
+        "checks": list(CHECKS),
         "stacks": stacks,
         "default_stack": default_stack,
         "rows": row_dicts,
