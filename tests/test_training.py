@@ -330,3 +330,20 @@ def test_the_tiny_zoo_trains_on_cpu_and_a_corrupted_step_fails_at_that_step(
     assert (sharded.neuron_cores, sharded.tp_size, sharded.result, sharded.failure_stage) == (2, 2, "ERROR", "train")
     assert "ParallelismConfig is only compatible" in sharded.error and "MULTI_CPU" in sharded.error
     assert json.loads(sharded.distributed_config) == {"tp_size": 2}  # it did load sharded
+
+
+def test_progress_names_a_training_item_and_reads_its_own_run_folder(tmp_path: Path) -> None:
+    from pytest_neuron_support.progress import label, stage_of
+
+    assert label("models.yaml::test_training[org/a]", "org/a") == "org/a (train)"
+    assert label("models.yaml::test_model[org/a]", "org/a") == "org/a"
+    runs = tmp_path / "runs" / "org--a" / "cpu" / "train"
+    (runs / "device").mkdir(parents=True)
+    (runs / "device" / "log.txt").write_text("[neuron-support] stage=load\n[neuron-support] stage=compile\n")
+    assert stage_of(tmp_path, "cpu", "org/a", 0.0, "train") == "compile"
+    assert stage_of(tmp_path, "cpu", "org/a", 0.0) == "waiting for cores"  # the inference item's folder
+    (runs / "device" / "result.json").write_text("{}")
+    assert stage_of(tmp_path, "cpu", "org/a", 0.0, "train") == "cpu steps"
+    (runs / "cpu").mkdir()
+    (runs / "cpu" / "result.json").write_text("{}")
+    assert stage_of(tmp_path, "cpu", "org/a", 0.0, "train") == "verdict"
