@@ -152,11 +152,13 @@ class ResultsWriter:
             return
         tr = terminalreporter
         tr.section("neuron-support results")
-        width = max(len(r.model_id) for r in self.rows)
+        # A model's training row is named apart from its inference row (a row per check).
+        names = {id(r): r.model_id if r.check == "inference" else f"{r.model_id} ({r.check})" for r in self.rows}
+        width = max(len(name) for name in names.values())
         tr.write_line(
             f"{'model':<{width}}  {'result':<8} {'stage':<9} {'cores':>5} {'run_s':>8} {'compile_s':>9}  evidence"
         )
-        for row in sorted(self.rows, key=lambda r: r.model_id):
+        for row in sorted(self.rows, key=lambda r: (r.model_id, r.check)):
             run_s = f"{row.run_s:.1f}" if row.run_s is not None else "-"
             compile_s = f"{row.compile_s:.1f}" if row.compile_s is not None else "-"
             cores = row.neuron_cores if row.neuron_cores is not None else "-"
@@ -167,7 +169,7 @@ class ResultsWriter:
                 else ""
             )
             tr.write_line(
-                f"{row.model_id:<{width}}  {row.result:<8} {row.failure_stage or '-':<9} "
+                f"{names[id(row)]:<{width}}  {row.result:<8} {row.failure_stage or '-':<9} "
                 f"{cores:>5} {run_s:>8} {compile_s:>9}  {row.verdict_basis or '-'}{host}"
             )
         counts: dict[str, int] = {}

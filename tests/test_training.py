@@ -347,3 +347,68 @@ def test_progress_names_a_training_item_and_reads_its_own_run_folder(tmp_path: P
     (runs / "cpu").mkdir()
     (runs / "cpu" / "result.json").write_text("{}")
     assert stage_of(tmp_path, "cpu", "org/a", 0.0, "train") == "verdict"
+
+
+CATALOG = (
+    "models:\n"
+    "  - {id: tiny-random/smollm3, task: text-generation, checks: [inference, train]}\n"
+    "  - {id: tiny-random/qwen3, task: text-generation}\n"
+    "  - {id: sentence-transformers/all-MiniLM-L6-v2, task: sentence-similarity, dtype: float32}\n"
+)
+
+
+def test_each_check_is_an_item_of_its_own_test(pytester: pytest.Pytester, offline_hub: Path) -> None:
+    pytester.makefile(".yaml", models=CATALOG)
+    own = pytester.runpytest_subprocess("--device=cpu", "--collect-only", "-q", "-p", "no:cacheprovider")
+    items = [line for line in own.stdout.lines if line.startswith("models.yaml::")]
+    assert sorted(items) == [
+        "models.yaml::test_model[sentence-transformers/all-MiniLM-L6-v2]",
+        "models.yaml::test_model[tiny-random/qwen3]",
+        "models.yaml::test_model[tiny-random/smollm3]",
+        "models.yaml::test_training[tiny-random/smollm3]",
+    ]
+    # --check replaces every entry's own checks; train applies to text-generation entries only.
+    both = pytester.runpytest_subprocess(
+        "--device=cpu", "--collect-only", "-q", "--check=train", "--check=inference", "-k", "training"
+    )
+    both.stdout.fnmatch_lines(["*2/5 tests collected (3 deselected)*"])
+    assert sorted(line for line in both.stdout.lines if line.startswith("models.yaml::")) == [
+        "models.yaml::test_training[tiny-random/qwen3]",
+        "models.yaml::test_training[tiny-random/smollm3]",
+    ]
+    bad = pytester.runpytest_subprocess("--device=cpu", "--collect-only", "--check=finetune")
+    assert bad.ret == pytest.ExitCode.USAGE_ERROR
+    bad.stderr.fnmatch_lines(["*--check='finetune': unknown check 'finetune'; pass one or more of inference, train*"])
+
+
+def test_the_xdist_controller_plans_training_items_by_their_own_memory_model(
+    pytester: pytest.Pytester, offline_hub: Path
+) -> None:
+    # 1 MiB cores: smollm3's 0.25 MB of weights fit one for inference, its 0.99 MB of training state do not
+    # (0.75 MiB usable), so its training item needs 2 cores, more than --max-cores=1: SKIPPED at plan, nothing
+    # runs. -n 2: the controller selects (-k) and plans, the workers get the plans by item name.
+    pytester.makefile(".yaml", models=CATALOG)
+    result = pytester.runpytest_subprocess(
+        "--device=cpu",
+        "-n",
+        "2",
+        "-k",
+        "smollm3 and training",
+        "--core-memory-gib=0.0009765625",
+        "--max-cores=1",
+        "--results-dir=out",
+        "-p",
+        "no:cacheprovider",
+    )
+    result.assert_outcomes(skipped=1)  # the 3 others deselected (xdist's controller does not count them)
+    result.stdout.fnmatch_lines(
+        ["*end   tiny-random/smollm3 (train): SKIPPED at plan*", "tiny-random/smollm3 (train)  SKIPPED  plan *"]
+    )
+    [row] = pd.read_parquet(pytester.path / "out" / "data").itertuples()
+    assert (row.model_id, row.check, row.result, row.failure_stage) == (
+        "tiny-random/smollm3",
+        "train",
+        "SKIPPED",
+        "plan",
+    )
+    assert "of training state" in row.error and "more than --max-cores=1" in row.error
