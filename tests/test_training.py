@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import json
 import math
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -90,6 +91,20 @@ def test_train_py_has_every_setting_written_in() -> None:
     assert "Does tiny-random/smollm3 fine-tune on neuron?" in source
     cpu = rendered_spec(render_train(spec(device=DEVICES["cpu"], compile=False)))["device"]
     assert isinstance(cpu, dict) and cpu["train_use_cpu"] is True
+
+
+def test_train_py_imports_only_torch_and_transformers_and_holds_no_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_TOKEN", "hf_canary_train_py")
+    source = render_train(spec())
+    roots = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            roots |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            roots.add(node.module.split(".")[0])
+    # accelerate is used by Trainer, never imported by the script itself.
+    assert roots - set(sys.stdlib_module_names) == {"torch", "transformers"}
+    assert "hf_canary_train_py" not in source and "HF_TOKEN" not in source
 
 
 # --- the verdict ---------------------------------------------------------------------------------
