@@ -380,9 +380,10 @@ def render_card(results_dir: Path) -> str:
         f"{GRAD_NORM_RTOL:.0%} of the CPU's (a corrupted gradient shows in its own step's norm; the loss moves only",
         "from the next step on, and AdamW's normalised update can keep that move small), and no graph is compiled",
         "after the first step (`recompiles`). The tolerance rests on a measurement: torch.compile (inductor) against",
-        "eager on CPU, bf16, 3 steps of the tiny zoo's smollm3, differed by at most 8e-3 nats (1.2e-3 relative) in",
-        "the loss and 1.1 % in the gradient norm. The planner sizes training runs by weights + gradients + AdamW's",
-        "two moments, all in the weights' dtype (4 x the weight bytes; `train_state_bytes` is what train.py held).",
+        "eager on CPU, bf16, 3 steps of the tiny zoo's smollm3 and qwen3, differed by at most 8e-3 nats (1.2e-3",
+        "relative) in the loss and 1.1 % in the gradient norm. The planner sizes training runs by weights +",
+        "gradients + AdamW's two moments, all in the weights' dtype (4 x the weight bytes; `train_state_bytes`",
+        "is what train.py held).",
         f"This dataset: {len(trained)} training row(s), {sum(r.result == 'PASS' for r in trained)} PASS.",
     ]
     lines += ["", "## Failure stages", "", "| failure_stage | meaning |", "|---|---|"]
