@@ -188,11 +188,16 @@ def _runscript(args: argparse.Namespace) -> int:
     candidates = [r for r in mine if args.stack is None or stack_stem(r) == args.stack]
     if args.device is not None:
         candidates = [r for r in candidates if r.device == args.device]
+    candidates = [r for r in candidates if r.check == args.check]
     if not candidates:
-        where = ", ".join(sorted({f"{stack_stem(r)} ({r.device})" for r in mine}))
+        # A training row says so; an inference row is the default and reads as before.
+        where = ", ".join(
+            sorted({f"{stack_stem(r)} ({r.device}{'' if r.check == 'inference' else ', ' + r.check})" for r in mine})
+        )
         print(
             f"neuron-support runscript: {args.model} has no row for stack {args.stack or 'any'}"
-            f"{' on ' + args.device if args.device else ''}; it has rows on: {where}",
+            f"{' on ' + args.device if args.device else ''}"
+            f"{'' if args.check == 'inference' else ' of check ' + args.check}; it has rows on: {where}",
             file=sys.stderr,
         )
         return 2
@@ -209,7 +214,7 @@ def _runscript(args: argparse.Namespace) -> int:
     if again.runscript is None:
         print(f"# no run.py was recorded: nothing ran for this row ({row.result}: {row.error or row.exclude_reason})")
         return 1
-    print("# ---- run.py ----")
+    print(f"# ---- {again.script} ----")
     sys.stdout.write(again.runscript if again.runscript.endswith("\n") else again.runscript + "\n")
     return 0
 
@@ -347,6 +352,7 @@ def _neff_push(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from . import neffcache  # stdlib only, like devices: cheap enough for --help
+    from .catalog import CHECKS
     from .devices import DEVICES
 
     parser = argparse.ArgumentParser(prog="neuron-support", description=__doc__)
@@ -400,6 +406,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--stack", help="stack file stem, e.g. neuronxcc-2.21.0__transformers-5.24.0 (default: newest)"
     )
     runscript.add_argument("--device", help="device kind of the row (default: the newest row's)")
+    runscript.add_argument(
+        "--check",
+        choices=CHECKS,
+        default="inference",
+        help="which check's script: inference (run.py, the default) or train (train.py)",
+    )
     runscript.add_argument("--results-dir", default="results", help="dataset folder (default results)")
     runscript.add_argument(
         "--models-file", help="catalog whose extra_packages to include (default models.yaml when present)"

@@ -184,7 +184,12 @@ def run_command(row: Row) -> str:
         if neff_sync_command(row.neuronx_cc) is not None:
             env[device.compile_cache_env] = NEFF_CACHE_DIR
     prefix = "".join(f"{key}={shlex.quote(value)} " for key, value in env.items())
-    return f"{prefix}python3 run.py --out result.json"
+    return f"{prefix}python3 {script_name(row)} --out result.json"
+
+
+def script_name(row: Row) -> str:
+    """The file the row's script is saved as: run.py, or train.py for the training check."""
+    return "train.py" if row.check == "train" else "run.py"
 
 
 @dataclass(frozen=True)
@@ -201,6 +206,7 @@ class Reproduction:
         install: pip commands to run on top of the base image, in order.
         sync: the NEFF-cache sync command for the row's compiler; None off Trainium.
         run: the command that runs run.py.
+        script: the script's file name: ``run.py``, or ``train.py`` for a training row.
     """
 
     model_id: str
@@ -212,6 +218,7 @@ class Reproduction:
     install: tuple[str, ...]
     sync: str | None
     run: str
+    script: str = "run.py"
 
     def instructions(self) -> str:
         """The shell lines to paste (comments say what each part is), without run.py itself."""
@@ -222,7 +229,7 @@ class Reproduction:
             lines += ["# the compiled graphs (NEFF cache) for this compiler:", self.sync]
         else:
             lines.append("# no NEFF cache: this row did not run with neuronx-cc")
-        lines += ["# save the run.py below as run.py, then:", self.run]
+        lines += [f"# save the {self.script} below as {self.script}, then:", self.run]
         return "\n".join(lines) + "\n"
 
 
@@ -238,6 +245,7 @@ def reproduction(row: Row, extra_packages: Sequence[str] = ()) -> Reproduction:
         install=install_commands(row, extra_packages),
         sync=neff_sync_command(row.neuronx_cc),
         run=run_command(row),
+        script=script_name(row),
     )
 
 

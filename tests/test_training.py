@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import json
 import math
+import subprocess
 import sys
 from pathlib import Path
 
@@ -332,6 +333,14 @@ def test_the_tiny_zoo_trains_on_cpu_and_a_corrupted_step_fails_at_that_step(
     assert list(good.train_losses) == device["losses"] and list(good.cpu_train_losses) == cpu["losses"]
     assert device["training_state_bytes"]["optimizer_dtypes"] == ["bfloat16"]
     assert "torch_compile=SPEC" in (runs / "device" / "train.py").read_text()
+    command = [sys.executable, "-m", "pytest_neuron_support.cli", "runscript", "tiny-random/smollm3", "--check=train"]
+    again = subprocess.run(
+        [*command, "--results-dir", str(pytester.path / "out")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "python3 train.py --out result.json" in again and again.endswith(good.runscript)
 
     bad = df.loc["tiny-random/qwen3"]
     assert (bad.result, bad.failure_stage, bad.train_first_bad_step) == ("FAIL", "train", 2)
