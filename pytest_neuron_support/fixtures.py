@@ -880,11 +880,13 @@ def catalog_row(item: pytest.Item, evidence: Evidence, report: pytest.TestReport
     SKIPPED or ERROR at plan); else the harness broke before the check (ERROR at ``harness``)."""
     if evidence.row is not None:
         return evidence.row
-    if evidence.gated is not None:
-        return evidence.gated
     model = item.stash[catalog_items.model_key]
+    # A training item's row is a training row whatever stopped it (its check is part of its key).
+    train = item.stash.get(catalog_items.check_key, "inference") == "train"
+    if evidence.gated is not None:
+        return training_row(evidence.gated, model, settings) if train else evidence.gated
     row = base_row(model, settings) if evidence.plan is None else planned_row(model, settings, evidence.plan)
-    if item.stash.get(catalog_items.check_key, "inference") == "train":
+    if train:
         row = training_row(row, model, settings)
     if row.failure_stage == "plan":
         return row

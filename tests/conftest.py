@@ -100,6 +100,7 @@ LONGEST_FIRST = (
     "tests/test_leases.py::test_two_concurrent_sessions",
     "tests/test_doctor.py::test_rows_record_the_self_check",
     "tests/test_sweep.py::test_parity_failure_and_load_error",
+    "tests/test_training.py::test_the_tiny_zoo_trains_on_cpu",
     "tests/test_tasks.py::",
     "tests/test_fixtures.py::test_a_users_own_tests_lease_cores_check_a_tiny_model_and_get_rows_under_xdist",
     "tests/test_doctor.py::test_cpu_passes_every_check",

@@ -436,3 +436,15 @@ def test_the_xdist_controller_plans_training_items_by_their_own_memory_model(
         "plan",
     )
     assert "of training state" in row.error and "more than --max-cores=1" in row.error
+
+
+def test_an_excluded_entrys_training_item_is_a_training_row(pytester: pytest.Pytester, offline_hub: Path) -> None:
+    pytester.makefile(
+        ".yaml",
+        models="models:\n  - {id: tiny-random/gpt2, task: text-generation, checks: [inference, train],"
+        " exclude: {reason: low-priority, note: later}}\n",
+    )
+    result = pytester.runpytest_subprocess("--device=cpu", "--results-dir=out", "-p", "no:cacheprovider")
+    result.assert_outcomes(skipped=2)
+    df = pd.read_parquet(pytester.path / "out" / "data")
+    assert sorted(zip(df.check, df.result, strict=True)) == [("inference", "EXCLUDED"), ("train", "EXCLUDED")]
