@@ -178,6 +178,18 @@ def cpu_check_spec(model: ModelSpec, settings: Settings, tokens: tuple[int, ...]
     return replace(spec, forced_tokens=tokens, score_own_tokens=False)
 
 
+def train_distributed_configs(plan: Plan) -> tuple[dict[str, Any], ...]:
+    """``DistributedConfig`` keyword sets train.py tries in order for a sharded training plan: the plan's
+    first choice (tensor parallel; an expert-parallel plan's list as inference tries it, which ends with
+    FSDP over the experts' ranks), then FSDP over the same ranks (``fsdp_size=n``: it shards weights,
+    gradients and optimizer state, the training memory model / n). Accelerate 1.15 refuses a
+    tensor-parallel model under the Trainer on CPU processes (``MULTI_CPU``, gloo) but accepts FSDP
+    there; train.py records the one that trained and why the others did not."""
+    if plan.tp_size > 1:
+        return ({"tp_size": plan.tp_size}, {"fsdp_size": plan.tp_size})
+    return distributed_configs(plan)
+
+
 def train_spec(
     model: ModelSpec, settings: Settings, *, device: DeviceKind, reference: bool, post_load: str, plan: Plan | None
 ) -> TrainSpec:
@@ -199,7 +211,7 @@ def train_spec(
         trust_remote_code=model.trust_remote_code and settings.allow_remote_code,
         post_load="" if reference else post_load,
         world_size=1 if reference or plan is None else max(plan.cores, 1),
-        distributed_configs=() if reference or plan is None else distributed_configs(plan),
+        distributed_configs=() if reference or plan is None else train_distributed_configs(plan),
     )
 
 
@@ -371,9 +383,11 @@ def run_training(
     planned: Row | None = None,
 ) -> Row:
     """The training check of one model end to end (check ``train``): train.py on the device under the
-    lease (``cores`` = first, count), the same steps on CPU beside it (they need no cores; ``release``
-    is called the moment the device run ends), and the step-by-step verdict. Never raises for the
-    model's failure: every outcome is the row."""
+    lease (``cores`` = first, count), the same steps on CPU (``release`` is called the moment the device
+    run ends: they need no cores), and the step-by-step verdict. A one-core run's CPU side runs beside
+    it; a sharded run's after it, once train.py says how many examples a step took over all its ranks
+    (FSDP ranks each take their own batch; the CPU takes them all in one). Never raises for the model's
+    failure: every outcome is the row."""
     environ = dict(os.environ if env is None else env)
     first, count = cores
     planned = training_row(planned_row(model, settings, plan), model, settings) if planned is None else planned
@@ -391,9 +405,10 @@ def run_training(
     def cpu_side() -> None:
         cpu_outcome.append(_execute(cpu_spec, workdir / "cpu", _cpu_env(environ), settings, model, cancel=cancel)[1])
 
-    # Beside the device run: the CPU steps need no cores, so the item takes the longer of the two.
+    # Beside a one-core device run: the CPU steps need no cores, so the item takes the longer of the two.
     thread = threading.Thread(target=cpu_side, name="neuron-support-train-cpu", daemon=True)
-    if short is None:
+    sharded = plan.cores > 1
+    if short is None and not sharded:
         thread.start()
     spec = train_spec(model, settings, device=settings.device, reference=False, post_load=post_load, plan=plan)
     try:
@@ -422,6 +437,10 @@ def run_training(
         )
     if short is not None:
         return replace(row, result="ERROR", failure_stage="reference", verdict_basis="run", error=short)
+    if sharded:
+        cpu_spec = replace(cpu_spec, batch_size=int(result.get("global_batch") or cpu_spec.batch_size))
+        thread = threading.Thread(target=cpu_side, name="neuron-support-train-cpu", daemon=True)
+        thread.start()
     thread.join()
     cpu = cpu_outcome[0]
     row = replace(row, reference_dtype=cpu_spec.dtype, reference_s=round(cpu.wall_s, 3), reference_cached=False)

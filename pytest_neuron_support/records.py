@@ -198,6 +198,13 @@ class Row:
     train_batch_size: int | None = field(
         default=None, metadata=_doc("check train: examples per step per rank, each padded to train_max_length")
     )
+    train_global_batch: int | None = field(
+        default=None,
+        metadata=_doc(
+            "check train: examples per step over all ranks (FSDP ranks each take their own batch; tensor-parallel "
+            "ranks share one): what the CPU side takes per step in its one process"
+        ),
+    )
     train_max_length: int | None = field(
         default=None, metadata=_doc("check train: tokens per example (padding='max_length': fixed shapes)")
     )
@@ -276,7 +283,18 @@ class Row:
         default=None, metadata=_doc("bytes the weights take on the device in the run dtype (null if not inspected)")
     )
     distributed_config: str | None = field(
-        default=None, metadata=_doc("JSON of the DistributedConfig arguments a sharded run loaded with")
+        default=None,
+        metadata=_doc(
+            "JSON of the DistributedConfig arguments a sharded run loaded with (check train: the one it trained with)"
+        ),
+    )
+    distributed_attempts: str | None = field(
+        default=None,
+        metadata=_doc(
+            "JSON list of the DistributedConfig argument sets tried before distributed_config and why each failed "
+            "(config, error; check train: the stage too, e.g. the Trainer refusing tensor parallelism); null "
+            "when the first one worked or the run was not sharded"
+        ),
     )
     first_core: int | None = field(default=None, metadata=_doc("first core of the leased contiguous range"))
     lease_start: float | None = field(default=None, metadata=_doc("epoch seconds the run started on its lease"))

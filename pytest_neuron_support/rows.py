@@ -199,6 +199,7 @@ def with_device_result(row: Row, result: Mapping[str, Any]) -> Row:
         peak_host_rss_bytes=result.get("peak_host_rss_bytes"),
         tokens=tokens,
         distributed_config=json.dumps(result["distributed_config"]) if result.get("distributed_config") else None,
+        distributed_attempts=json.dumps(result["distributed_attempts"]) if result.get("distributed_attempts") else None,
         text=result.get("text"),
         torch=versions.get("torch", row.torch),
         library_version=versions.get("transformers", row.library_version),
@@ -331,8 +332,14 @@ def with_training_result(row: Row, result: Mapping[str, Any]) -> Row:
     state = result.get("training_state_bytes") or {}
     held = [int(state[k]) for k in ("weights", "gradients", "optimizer") if state.get(k) is not None]
     graphs = result.get("graphs_compiled")
+    trained = result.get("distributed_config") or {}
     return replace(
         row,
+        # The sharding that trained, which may not be the plan's first choice (distributed_attempts).
+        tp_size=int(trained.get("tp_size", 1)) if trained else row.tp_size,
+        ep_size=int(trained.get("ep_size", 1)) if trained else row.ep_size,
+        distributed_attempts=json.dumps(result["distributed_attempts"]) if result.get("distributed_attempts") else None,
+        train_global_batch=result.get("global_batch"),
         train_steps=result.get("steps", row.train_steps),
         train_losses=_floats(result.get("losses")),
         train_grad_norms=_floats(result.get("grad_norms")),

@@ -113,6 +113,8 @@ DETAIL_COLUMNS: tuple[str, ...] = (
     "ep_size",
     "plan_reason",
     "distributed_config",
+    "distributed_attempts",
+    "train_global_batch",
     "parameters",
     "weight_bytes",
     "run_s",

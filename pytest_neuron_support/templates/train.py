@@ -94,39 +94,71 @@ def peak_device_memory(torch):
     return int(getattr(torch, module).max_memory_allocated())
 
 
-def load(torch, facts):
-    """(tokenizer, model) placed on the device, sharded when SPEC says so."""
+def load(torch, candidate):
+    """(tokenizer, model) placed on the device; sharded with DistributedConfig(**candidate) when set."""
     import transformers
 
     common = {"revision": SPEC["revision"], "trust_remote_code": SPEC["trust_remote_code"]}
     tokenizer = transformers.AutoTokenizer.from_pretrained(SPEC["model"], **common)
     kwargs = {"dtype": getattr(torch, SPEC["dtype"]), "device_map": SPEC["device"]["device_map"], **common}
+    if candidate is not None:
+        from transformers.distributed import DistributedConfig
+
+        # transformers refuses device_map next to tensor parallelism: the device mesh places each rank.
+        kwargs.pop("device_map", None)
+        kwargs["distributed_config"] = DistributedConfig(**candidate)
+    return tokenizer, transformers.AutoModelForCausalLM.from_pretrained(SPEC["model"], **kwargs)
+
+
+def data_parallel(candidate):
+    """Ranks that each take their own batch: FSDP's (fsdp_size); tensor and expert parallel ranks all
+    take the same batch."""
+    return int((candidate or {}).get("fsdp_size", 1))
+
+
+def prepare(torch, facts):
+    """(trainer, its recorder) for the first of SPEC["distributed_configs"] (none: one process) that both
+    loads and that the Trainer accepts: which sharding trains differs between releases and devices
+    (Accelerate refuses tensor parallelism on CPU processes, gloo), so each is tried in order and the
+    ones that failed are kept as evidence (distributed_attempts)."""
     candidates = SPEC["distributed_configs"] or [None]
     attempts = []
     for candidate in candidates:
-        if candidate is not None:
-            from transformers.distributed import DistributedConfig
-
-            # transformers refuses device_map next to tensor parallelism: the device mesh places each rank.
-            kwargs.pop("device_map", None)
-            kwargs["distributed_config"] = DistributedConfig(**candidate)
+        enter("load")
+        start = time.perf_counter()
         try:
-            model = transformers.AutoModelForCausalLM.from_pretrained(SPEC["model"], **kwargs)
+            tokenizer, model = load(torch, candidate)
+            synchronize(torch)
+            facts["load_s"] = time.perf_counter() - start
+            facts["commit"] = getattr(model.config, "_commit_hash", None)
+            if SPEC.get("post_load"):
+                # Code the harness's user asked to run after loading (pytest hook); empty by default.
+                exec(SPEC["post_load"], {"torch": torch, "model": model, "SPEC": SPEC})
+            enter("train")  # the Trainer's set-up (Accelerate, the process group's parallelism) is part of training
+            prepared = make_trainer(torch, tokenizer, model, data_parallel(candidate))
         except Exception as exc:
             if candidate is None or candidate is candidates[-1]:
                 raise
-            attempts.append({"config": candidate, "error": f"{type(exc).__name__}: {exc}"[:1000]})
+            attempts.append(
+                {"config": candidate, "stage": STAGE["name"], "error": f"{type(exc).__name__}: {exc}"[:1000]}
+            )
+            facts["distributed_attempts"] = attempts
+            model = None  # the next candidate loads afresh
             continue
         facts["distributed_config"] = candidate
         facts["distributed_attempts"] = attempts
-        return tokenizer, model
+        facts["data_parallel"] = data_parallel(candidate)
+        # What the CPU side must take per step to see the same examples: every data-parallel rank's batch.
+        facts["global_batch"] = SPEC["batch_size"] * data_parallel(candidate)
+        return prepared
 
 
-def dataset(tokenizer):
-    """steps x batch examples from SPEC["texts"] (cycled), every one padded to max_length: fixed shapes."""
+def dataset(tokenizer, ranks):
+    """steps x batch x data-parallel ranks examples from SPEC["texts"] (cycled, in order), every one
+    padded to max_length: fixed shapes, and each step's examples the same on the device and on CPU."""
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token  # causal LMs often ship without one
-    needed = SPEC["steps"] * SPEC["batch_size"]
+    needed = SPEC["steps"] * SPEC["batch_size"] * ranks
     texts = [SPEC["texts"][i % len(SPEC["texts"])] for i in range(needed)]
     encoded = tokenizer(
         texts, padding="max_length", truncation=True, max_length=SPEC["max_length"], return_tensors="pt"
@@ -157,11 +189,12 @@ def training_state_bytes(torch, model, optimizer, gradients):
     }
 
 
-def train(torch, tokenizer, model):
+def make_trainer(torch, tokenizer, model, ranks):
+    """The Trainer of the guide's recipe over the fixed examples, and what its callback records."""
     import transformers
     from torch._dynamo.utils import counters
 
-    examples = dataset(tokenizer)
+    examples = dataset(tokenizer, ranks)
     record = {"losses": {}, "grad_norms": {}, "step_ends": [], "graphs_after_first": None, "gradients": None}
 
     class Recorder(transformers.TrainerCallback):
@@ -190,7 +223,6 @@ def train(torch, tokenizer, model):
                 record["grad_norms"][state.global_step] = float(logs["grad_norm"])
 
     device = SPEC["device"]
-    enter("train")  # the Trainer's set-up (Accelerate, the process group's parallelism) is part of training
     arguments = transformers.TrainingArguments(
         output_dir=os.path.join(os.path.dirname(os.path.abspath(SPEC["out"])), "trainer"),
         bf16=SPEC["dtype"] == "bfloat16",
@@ -222,6 +254,12 @@ def train(torch, tokenizer, model):
         data_collator=transformers.default_data_collator,
         callbacks=[Recorder()],
     )
+    return trainer, record
+
+
+def train(torch, trainer, record):
+    from torch._dynamo.utils import counters
+
     counters.clear()
     enter("compile")
     start = time.perf_counter()
@@ -264,22 +302,9 @@ def run():
         # visible at that moment, and a rank's device index is only right after this call).
         dist.init_process_group(backend=SPEC["device"]["dist_backend"])
     torch.manual_seed(SPEC["seed"])
-    enter("load")
-    start = time.perf_counter()
-    tokenizer, model = load(torch, facts)
-    synchronize(torch)
-    load_s = time.perf_counter() - start
-    if SPEC.get("post_load"):
-        # Code the harness's user asked to run after loading (pytest hook); empty by default.
-        exec(SPEC["post_load"], {"torch": torch, "model": model, "SPEC": SPEC})
-    result = train(torch, tokenizer, model)
-    return {
-        **result,
-        "load_s": load_s,
-        "peak_device_memory_bytes": peak_device_memory(torch),
-        "commit": getattr(model.config, "_commit_hash", None),
-        **facts,
-    }
+    trainer, record = prepare(torch, facts)
+    result = train(torch, trainer, record)
+    return {**result, "peak_device_memory_bytes": peak_device_memory(torch), **facts}
 
 
 def run_and_write(out, rank=0):
