@@ -466,3 +466,43 @@ def test_a_sharded_training_plan_tries_its_own_sharding_then_fsdp() -> None:
     ep = Plan(cores=2, tp_size=1, ep_size=2, reason="", skip=None, weight_bytes=1)
     assert train_distributed_configs(ep)[-1] == {"fsdp_size": 2, "ep_size": 2}
     assert train_distributed_configs(Plan(cores=1, tp_size=1, ep_size=1, reason="", skip=None, weight_bytes=1)) == ()
+
+
+def test_diff_compares_each_check_of_a_model_on_its_own() -> None:
+    from pytest_neuron_support.dataset import diff_datasets
+
+    def row(check: str, result: str) -> Row:
+        return Row(model_id="org/a", result=result, check=check, library_version="5", timestamp="1")
+
+    changes = diff_datasets(
+        [row("inference", "PASS"), row("train", "PASS")], [row("inference", "PASS"), row("train", "FAIL")]
+    )
+    assert sorted((c.check, c.kind) for c in changes) == [("inference", "unchanged"), ("train", "regressed")]
+    recompiled = Row(
+        model_id="org/a",
+        result="FAIL",
+        check="train",
+        failure_stage="train",
+        error="1 graph(s) compiled again after the first optimizer step: the shapes are not fixed",
+    )
+    assert recompiled.signature == "train: graphs compiled again after the first step"
+
+
+def test_the_training_verdict_names_the_step_and_fails_a_recompile() -> None:
+    from dataclasses import replace
+
+    from pytest_neuron_support.rows import training_verdict
+
+    base = Row(model_id="org/a", result="ERROR", check="train")
+    cpu = {"losses": [8.0, 11.0, 6.0], "grad_norms": [12.0, 12.0, 7.0]}
+    passed = training_verdict(replace(base, recompiles=0), cpu, cpu)
+    assert (passed.result, passed.verdict_basis, passed.train_max_loss_delta) == ("PASS", "train-losses", 0.0)
+    off = training_verdict(base, {"losses": [8.0, 11.0, 7.0], "grad_norms": [12.0, 12.0, 7.0]}, cpu)
+    assert (off.result, off.failure_stage, off.train_first_bad_step) == ("FAIL", "train", 3)
+    assert off.error is not None and off.error.startswith(
+        "training: loss diverged at step 3: the loss is 7 on the device, 6"
+    )
+    assert off.cpu_train_losses == (8.0, 11.0, 6.0)
+    recompiled = training_verdict(replace(base, recompiles=2), cpu, cpu)
+    assert (recompiled.result, recompiled.train_first_bad_step) == ("FAIL", None)
+    assert recompiled.signature == "train: graphs compiled again after the first step"
