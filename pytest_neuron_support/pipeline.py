@@ -187,6 +187,8 @@ def train_distributed_configs(plan: Plan) -> tuple[dict[str, Any], ...]:
     there; train.py records the one that trained and why the others did not."""
     if plan.tp_size > 1:
         return ({"tp_size": plan.tp_size}, {"fsdp_size": plan.tp_size})
+    if plan.ep_size == 1 and plan.cores > 1:  # the planner's FSDP layout (a dense model without a TP plan)
+        return ({"fsdp_size": plan.cores},)
     return distributed_configs(plan)
 
 

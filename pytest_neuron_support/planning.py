@@ -306,7 +306,7 @@ def plan_cores(
                 f"catalog override cores={override} does not fit memory: {size} need {need} cores "
                 f"at {per_core} per core"
             )
-        layout = _layout(shape, override)
+        layout = _layout(shape, override, training)
         if isinstance(layout, str):
             return skipped(f"catalog override cores={override} cannot shard {shape.model_type}: {layout}")
         tp, ep, how = layout
@@ -319,8 +319,9 @@ def plan_cores(
             weight_bytes=weight_bytes,
         )
 
-    # Checked before the core limit: raising --max-cores cannot help a model nothing can shard.
-    if need > 1 and not shape.has_tp_plan and shape.num_experts == 0:
+    # Checked before the core limit: raising --max-cores cannot help a model nothing can shard (a
+    # training run can: FSDP, see _layout).
+    if need > 1 and not shape.has_tp_plan and shape.num_experts == 0 and not training:
         return skipped(
             f"{shape.model_type} has no TP plan in transformers and no experts, so it cannot be sharded and "
             f"must fit 1 core, but its {size} exceed the {per_core} of one core (it would need {need})"
@@ -333,7 +334,7 @@ def plan_cores(
     candidates = [n for n in CORE_CHOICES if need <= n <= max_cores]
     failures: list[str] = []
     for cores in candidates:
-        layout = _layout(shape, cores)
+        layout = _layout(shape, cores, training)
         if isinstance(layout, str):
             failures.append(layout)
             continue
@@ -467,8 +468,11 @@ def _memory_cores(on_one_core: Callable[[int], float], usable: float) -> int:
     return cores
 
 
-def _layout(shape: ModelShape, cores: int) -> tuple[int, int, str] | str:
-    """``(tp_size, ep_size, explanation)`` for sharding over ``cores``, or the rule that forbids it."""
+def _layout(shape: ModelShape, cores: int, training: bool = False) -> tuple[int, int, str] | str:
+    """``(tp_size, ep_size, explanation)`` for sharding over ``cores``, or the rule that forbids it.
+    A training run of a dense model without a TP plan shards with FSDP instead (tp = ep = 1 over
+    ``cores`` ranks: ``DistributedConfig(fsdp_size=cores)`` splits weights, gradients and optimizer
+    state, whatever the shape)."""
     if cores == 1:
         return 1, 1, "no sharding needed"
     if shape.has_tp_plan:
@@ -486,6 +490,8 @@ def _layout(shape: ModelShape, cores: int) -> tuple[int, int, str] | str:
         return (
             f"expert parallelism ({shape.model_type} has no TP plan) needs ep={cores} to divide the {experts} experts"
         )
+    if training:
+        return 1, 1, f"fsdp={cores} shards the training state ({shape.model_type} has no TP plan and no experts)"
     return (
         f"{shape.model_type} has no TP plan in transformers and no experts, so it cannot be sharded over {cores} cores"
     )

@@ -176,14 +176,14 @@ def test_the_planner_sizes_training_runs_by_their_state() -> None:
     assert (plan.cores, plan.tp_size) == (4, 4)
     assert "59.6 GiB of training state" in plan.reason and "4 x 14.9 GiB" in plan.reason
     assert plan.weight_bytes == 16_000_000_000  # the row's parameters still come from the weights
-    # A dense model without a TP plan must fit one core: 3e9 parameters train in 22.4 GiB > 18.
+    # A dense model without a TP plan: one core for 2e9 parameters (14.9 GiB of training state); 3e9 need
+    # 22.4 GiB, which inference could not shard but training does, with FSDP over 2 cores.
     assert plan_cores(shape(2_000_000_000, tp=False), dtype="bfloat16", core_bytes=core, training=True).cores == 1
-    skipped = plan_cores(shape(3_000_000_000, tp=False), dtype="bfloat16", core_bytes=core, training=True)
-    assert (
-        skipped.skip is not None
-        and "cannot be sharded" in skipped.skip
-        and "22.4 GiB of training state" in skipped.skip
-    )
+    fsdp = plan_cores(shape(3_000_000_000, tp=False), dtype="bfloat16", core_bytes=core, training=True)
+    assert (fsdp.cores, fsdp.tp_size, fsdp.ep_size, fsdp.skip) == (2, 1, 1, None)
+    assert "22.4 GiB of training state" in fsdp.reason and "fsdp=2 shards the training state" in fsdp.reason
+    inference = plan_cores(shape(12_000_000_000, tp=False), dtype="bfloat16", core_bytes=core)
+    assert inference.skip is not None and "cannot be sharded" in inference.skip
 
 
 # --- catalog, options, items, rows ---------------------------------------------------------------
@@ -465,6 +465,8 @@ def test_a_sharded_training_plan_tries_its_own_sharding_then_fsdp() -> None:
     assert train_distributed_configs(tp) == ({"tp_size": 4}, {"fsdp_size": 4})
     ep = Plan(cores=2, tp_size=1, ep_size=2, reason="", skip=None, weight_bytes=1)
     assert train_distributed_configs(ep)[-1] == {"fsdp_size": 2, "ep_size": 2}
+    fsdp = Plan(cores=2, tp_size=1, ep_size=1, reason="", skip=None, weight_bytes=1)  # no TP plan, no experts
+    assert train_distributed_configs(fsdp) == ({"fsdp_size": 2},)
     assert train_distributed_configs(Plan(cores=1, tp_size=1, ep_size=1, reason="", skip=None, weight_bytes=1)) == ()
 
 
