@@ -268,6 +268,7 @@ def train(torch, trainer, record):
     end = time.perf_counter()
     graphs = int(counters["stats"]["unique_graphs"])
     if SPEC["compile"] and graphs == 0:
+        enter("compile")  # an ERROR at compile, as for inference: nothing compiled
         raise NothingCompiledError("training compiled no graph: torch_compile was asked for but the steps ran eagerly")
     steps = sorted(record["losses"])
     ends = record["step_ends"]
