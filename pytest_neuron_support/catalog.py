@@ -23,6 +23,12 @@ TASKS: tuple[str, ...] = tuple(TASK_TABLE)
 DTYPES: tuple[str, ...] = ("bfloat16", "float16", "float32")
 EXCLUDE_REASONS: tuple[str, ...] = ("low-priority", "incompatible", "remote-code", "too-large")
 CORE_COUNTS: tuple[int, ...] = (1, 2, 4, 8, 16)
+#: The checks an entry can ask for: ``inference`` (run.py: compiled greedy generation against the
+#: CPU) and ``train`` (train.py: a few Trainer steps against the same steps on CPU).
+CHECKS: tuple[str, ...] = ("inference", "train")
+DEFAULT_CHECKS: tuple[str, ...] = ("inference",)
+#: Tasks the training check applies to (train.py fine-tunes a causal LM on a fixed text set).
+TRAIN_TASKS: tuple[str, ...] = ("text-generation",)
 DEFAULT_PROMPT = "The history of the printing press begins"
 DEFAULT_DTYPE = "bfloat16"
 DEFAULT_REVISION = "main"
@@ -45,6 +51,7 @@ _ENTRY_FIELDS: tuple[str, ...] = (
     "tags",
     "min_cosine",
     "timeout",
+    "checks",
 )
 _EXCLUDE_FIELDS: tuple[str, ...] = ("reason", "note")
 
@@ -120,6 +127,8 @@ class ModelSpec:
             check) may take before its process group is killed; None means ``--model-timeout``.
             A large model's compile may need more than the sweep's default; a model known to hang
             can be given less, so the sweep does not wait for it.
+        checks: the checks this entry asks for (:data:`CHECKS`), each one item and one row;
+            ``--check`` replaces them for a run. ``train`` applies to :data:`TRAIN_TASKS` only.
     """
 
     id: str
@@ -136,6 +145,7 @@ class ModelSpec:
     line: int = 0
     min_cosine: float | None = None
     timeout: float | None = None
+    checks: tuple[str, ...] = DEFAULT_CHECKS
 
     @property
     def embedding(self) -> bool:
@@ -340,6 +350,7 @@ def _parse_entry(node: yaml.Node, shown: str) -> ModelSpec:
     extra = _str_list(raw, "extra_packages", err)
     tags = _str_list(raw, "tags", err)
     exclusion = _parse_exclude(raw, err)
+    checks = _parse_checks(raw, task, err)
     return ModelSpec(
         id=entry_id,
         task=task,
@@ -355,7 +366,44 @@ def _parse_entry(node: yaml.Node, shown: str) -> ModelSpec:
         line=line,
         min_cosine=min_cosine,
         timeout=None if timeout is None else float(timeout),
+        checks=checks,
     )
+
+
+def _parse_checks(raw: Mapping[str, tuple[Any, int]], task: str, err: Any) -> tuple[str, ...]:
+    if "checks" not in raw or raw["checks"][0] is None:
+        return DEFAULT_CHECKS
+    value = raw["checks"][0]
+    allowed = ", ".join(CHECKS)
+    if not isinstance(value, list) or not value:
+        raise err(
+            "checks",
+            "must be a non-empty list of checks",
+            value,
+            f"write e.g. 'checks: [inference, train]' ({allowed})",
+        )
+    for check in value:
+        if check not in CHECKS:
+            raise err("checks", "unknown check", check, f"use one of {allowed}")
+    if len(set(value)) != len(value):
+        raise err("checks", "lists a check twice", value, "list each check once")
+    if "train" in value and task not in TRAIN_TASKS:
+        raise err(
+            "checks",
+            f"the train check fine-tunes a causal LM: it applies to {', '.join(TRAIN_TASKS)} only, not {task}",
+            value,
+            "drop 'train' from this entry's checks",
+        )
+    # Kept in the table's order, so an entry's items are the same whatever order it lists them in.
+    return tuple(check for check in CHECKS if check in value)
+
+
+def checks_of(model: ModelSpec, selected: Sequence[str] | None) -> tuple[str, ...]:
+    """The checks a run makes of ``model``: ``--check`` (``selected``) where given, limited to those
+    that apply to its task, else the entry's own ``checks``."""
+    if selected is None:
+        return model.checks
+    return tuple(c for c in CHECKS if c in selected and (c != "train" or model.task in TRAIN_TASKS))
 
 
 def _parse_min_cosine(raw: Mapping[str, tuple[Any, int]], task: str, err: Any) -> float | None:

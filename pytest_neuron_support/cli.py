@@ -46,10 +46,11 @@ def _show(args: argparse.Namespace) -> int:
     if not rows:
         print(f"no rows for {args.model} under {args.results_dir}/data", file=sys.stderr)
         return 1
-    for row in sorted(rows, key=lambda r: (r.neuronx_cc, r.library_version, r.device)):
+    for row in sorted(rows, key=lambda r: (r.neuronx_cc, r.library_version, r.device, r.check)):
         stage = f" at {row.failure_stage}" if row.failure_stage else ""
         print(
-            f"{row.model_id}  neuronx-cc {row.neuronx_cc}  {row.library} {row.library_version}  {row.device}: "
+            f"{row.model_id}  neuronx-cc {row.neuronx_cc}  {row.library} {row.library_version}  {row.device}  "
+            f"{row.check}: "
             f"{row.result}{stage}  cores={row.neuron_cores}  run_s={row.run_s}  compile_s={row.compile_s}"
         )
         if row.error:
@@ -84,7 +85,9 @@ def _diff(args: argparse.Namespace) -> int:
     for change in changes:
         counts[change.kind] = counts.get(change.kind, 0) + 1
         if change.kind != "unchanged" or args.verbose:
-            print(f"{change.kind:<10} {change.model_id} [{change.device}]: {change.old or '-'} -> {change.new or '-'}")
+            check = "" if change.check == "inference" else f" ({change.check})"
+            results = f"{change.old or '-'} -> {change.new or '-'}"
+            print(f"{change.kind:<10} {change.model_id}{check} [{change.device}]: {results}")
     moved = diff_signatures(old_rows, new_rows)
     for sig in moved:
         if sig.kind == "persisting" and not args.verbose:
@@ -185,11 +188,16 @@ def _runscript(args: argparse.Namespace) -> int:
     candidates = [r for r in mine if args.stack is None or stack_stem(r) == args.stack]
     if args.device is not None:
         candidates = [r for r in candidates if r.device == args.device]
+    candidates = [r for r in candidates if r.check == args.check]
     if not candidates:
-        where = ", ".join(sorted({f"{stack_stem(r)} ({r.device})" for r in mine}))
+        # A training row says so; an inference row is the default and reads as before.
+        where = ", ".join(
+            sorted({f"{stack_stem(r)} ({r.device}{'' if r.check == 'inference' else ', ' + r.check})" for r in mine})
+        )
         print(
             f"neuron-support runscript: {args.model} has no row for stack {args.stack or 'any'}"
-            f"{' on ' + args.device if args.device else ''}; it has rows on: {where}",
+            f"{' on ' + args.device if args.device else ''}"
+            f"{'' if args.check == 'inference' else ' of check ' + args.check}; it has rows on: {where}",
             file=sys.stderr,
         )
         return 2
@@ -206,7 +214,7 @@ def _runscript(args: argparse.Namespace) -> int:
     if again.runscript is None:
         print(f"# no run.py was recorded: nothing ran for this row ({row.result}: {row.error or row.exclude_reason})")
         return 1
-    print("# ---- run.py ----")
+    print(f"# ---- {again.script} ----")
     sys.stdout.write(again.runscript if again.runscript.endswith("\n") else again.runscript + "\n")
     return 0
 
@@ -344,6 +352,7 @@ def _neff_push(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from . import neffcache  # stdlib only, like devices: cheap enough for --help
+    from .catalog import CHECKS
     from .devices import DEVICES
 
     parser = argparse.ArgumentParser(prog="neuron-support", description=__doc__)
@@ -397,6 +406,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--stack", help="stack file stem, e.g. neuronxcc-2.21.0__transformers-5.24.0 (default: newest)"
     )
     runscript.add_argument("--device", help="device kind of the row (default: the newest row's)")
+    runscript.add_argument(
+        "--check",
+        choices=CHECKS,
+        default="inference",
+        help="which check's script: inference (run.py, the default) or train (train.py)",
+    )
     runscript.add_argument("--results-dir", default="results", help="dataset folder (default results)")
     runscript.add_argument(
         "--models-file", help="catalog whose extra_packages to include (default models.yaml when present)"

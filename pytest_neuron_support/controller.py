@@ -18,7 +18,7 @@ import pytest
 
 from . import hub
 from .caches import clean_compile_cache
-from .catalog import Catalog, CatalogError, ModelSpec, load_catalog, merge_models
+from .catalog import Catalog, CatalogError, ModelSpec, checks_of, load_catalog, merge_models
 from .checks import DEFAULT_JUDGE
 from .cores import session_cores
 from .dataset import (
@@ -29,7 +29,7 @@ from .dataset import (
 from .devices import DEVICES, DeviceNotFound, compiler_version, fallback_core_bytes, find_device
 from .execution import end_with_parent
 from .options import Options, options_key, parse_options
-from .pipeline import plan_model
+from .pipeline import plan_checks
 from .planning import Plan
 from .progress import Progress
 from .records import current_stack
@@ -52,7 +52,7 @@ catalog_key = pytest.StashKey[tuple[ModelSpec, ...]]()
 #: The session checks only --model entries, with no catalog file (it is collected all the same).
 virtual_catalog_key = pytest.StashKey[bool]()
 #: (model id, device) -> (result, settings hash) of rows already in the dataset (--resume).
-recorded_key = pytest.StashKey[dict[tuple[str, str], tuple[str, str]]]()
+recorded_key = pytest.StashKey[dict[tuple[str, str, str], tuple[str, str]]]()
 
 
 def _sweep_requested(config: pytest.Config, options: Options) -> bool:
@@ -274,7 +274,7 @@ def _load_recorded(config: pytest.Config) -> None:
             stack.library_version,
         )
         if same_stack and not row.test:  # a user's test of a model does not stand for its catalog item
-            recorded[(row.model_id, row.device)] = (row.result, row.settings_hash)
+            recorded[(row.model_id, row.device, row.check)] = (row.result, row.settings_hash)
     config.stash[recorded_key] = recorded
 
 
@@ -305,8 +305,7 @@ class Controller:
         from .items import progress_plan
 
         plans = self.config.stash.get(plans_key, {})
-        models = {nodeid: model_id_of(nodeid) for nodeid in ids}
-        catalog = [(nodeid, plans.get(model_id)) for nodeid, model_id in models.items() if model_id is not None]
+        catalog = [(nodeid, plans.get(nodeid.rsplit("::", 1)[-1])) for nodeid in ids if model_id_of(nodeid) is not None]
         progress.expect(progress_plan(self.config, catalog))
 
     @pytest.hookimpl(optionalhook=True)
@@ -320,8 +319,9 @@ class Controller:
 
 
 def plan_models(config: pytest.Config, models: Iterable[ModelSpec]) -> dict[str, Plan]:
-    """The plans of these models (models that must not run have none), asking the Hub at most once
-    per model; once it proved unreachable, the rest are planned from the local cache only, so a
+    """The plans of these models' items, by item name (``test_model[<id>]``, ``test_training[<id>]``:
+    one per check the run makes of it; models that must not run have none), asking the Hub at most
+    once per model; once it proved unreachable, the rest are planned from the local cache only, so a
     sweep never waits through the client's retries model after model."""
     settings = config.stash[settings_key]
     plans: dict[str, Plan] = {}
@@ -334,12 +334,15 @@ def plan_models(config: pytest.Config, models: Iterable[ModelSpec]) -> dict[str,
             f"neuron-support: the Hub is not reachable: {down}; planning {len(models)} model(s) from the local "
             "cache only (a model not in it is an ERROR at stage plan)\n"
         )
+    selected = config.stash[options_key].checks
     for model in models:
-        plan, unreachable = plan_model(model, settings, local_only=local_only)
-        if plan.error is not None and down is not None:
-            # Its row says why the Hub was not asked, not only what the local cache lacked.
-            plan = dataclasses.replace(plan, error=f"{plan.error}; the Hub was not asked: {down}")
-        plans[model.id] = plan
+        checks = checks_of(model, selected)
+        found, unreachable = plan_checks(model, settings, checks, local_only=local_only)
+        for check, plan in found.items():
+            if plan.error is not None and down is not None:
+                # Its row says why the Hub was not asked, not only what the local cache lacked.
+                plan = dataclasses.replace(plan, error=f"{plan.error}; the Hub was not asked: {down}")
+            plans[item_name(model.id, check)] = plan
         local_only = local_only or unreachable
     return plans
 
@@ -365,13 +368,14 @@ def selected_models(config: pytest.Config, models: Iterable[ModelSpec]) -> list[
     except Exception:  # a malformed expression: pytest's own selection says so on every worker
         return list(models)
     path = config.stash[options_key].models_file
+    selected = config.stash[options_key].checks
     try:
         parts = path.relative_to(config.rootpath).parts
     except ValueError:
         parts = (path.name,)
     kept = []
     for model in models:
-        names = {*parts, item_name(model.id), *model.tags}
+        names = {*parts, *(item_name(model.id, c) for c in checks_of(model, selected)), *model.tags}
 
         def matches(subname: str, /, **kwargs: object) -> bool:
             return any(subname.lower() in name.lower() for name in names)  # noqa: B023 (used at once)

@@ -7,7 +7,7 @@ Layout of ``--results-dir``::
     .parts/<session>/<n>.json      rows written as items finish (crash safety)
 
 ``pandas.read_parquet("<results-dir>/data")`` loads every stack. Rows are keyed by
-(model_id, device, test) inside a stack's file: rerunning a model replaces its row and nothing
+(model_id, device, test, check) inside a stack's file: rerunning a model replaces its row and nothing
 else. Every write goes to a temporary file and is renamed into place, under a file lock, so
 concurrent sessions and shards never lose or tear a row.
 """
@@ -26,6 +26,16 @@ from pathlib import Path
 
 from filelock import FileLock
 
+from .checks import (
+    GRAD_NORM_RTOL,
+    LOSS_ATOL,
+    LOSS_RTOL,
+    TRAIN_BATCH,
+    TRAIN_LEARNING_RATE,
+    TRAIN_MAX_LENGTH,
+    TRAIN_SEED,
+    TRAIN_STEPS,
+)
 from .records import COLUMN_DOCS, COLUMN_TYPES, RESULTS, STAGES, VERDICT_BASES, Row, arrow_schema
 from .signatures import BUCKETS, MAX_MESSAGE, RULES, blockers
 from .storage import write_atomic
@@ -35,9 +45,10 @@ PARTS_DIR = ".parts"
 LOCK_NAME = ".dataset.lock"
 
 
-def row_key(row: Row) -> tuple[str, str, str]:
-    # A user's test of a model is a row of its own: it neither replaces nor is replaced by the catalog's.
-    return (row.model_id, row.device, row.test)
+def row_key(row: Row) -> tuple[str, str, str, str]:
+    # A user's test of a model is a row of its own: it neither replaces nor is replaced by the catalog's;
+    # so is each check of a model (its inference and its training row).
+    return (row.model_id, row.device, row.test, row.check)
 
 
 def stack_stem(row: Row) -> str:
@@ -154,7 +165,8 @@ def expected_seconds_from_dataset(results_dir: Path, device: str) -> dict[str, f
     except Exception:  # an unreadable old dataset only costs the ordering hint
         return seconds
     for row in sorted(rows, key=lambda r: r.timestamp):
-        if row.device == device and row.run_s is not None and not row.test:  # a user test is no catalog run
+        # A user test is no catalog run; a training row times another check (its items use the prior).
+        if row.device == device and row.run_s is not None and not row.test and row.check == "inference":
             seconds[row.model_id] = row.run_s + (row.reference_s or 0.0)
     return seconds
 
@@ -165,6 +177,7 @@ class Change:
 
     Attributes:
         model_id / device: the model and the device kind compared.
+        check: the check compared (``inference`` or ``train``: each is a row of its own).
         kind: ``regressed`` (was PASS, now not), ``fixed`` (now PASS, was not), ``new`` (only in
             the new dataset), ``missing`` (only in the old), or ``unchanged``.
         old / new: the results compared (None where absent).
@@ -175,10 +188,11 @@ class Change:
     kind: str
     old: str | None
     new: str | None
+    check: str = "inference"
 
 
-def _latest(rows: Iterable[Row]) -> dict[tuple[str, str, str], Row]:
-    latest: dict[tuple[str, str, str], Row] = {}
+def _latest(rows: Iterable[Row]) -> dict[tuple[str, str, str, str], Row]:
+    latest: dict[tuple[str, str, str, str], Row] = {}
     for row in sorted(rows, key=lambda r: r.timestamp):
         latest[row_key(row)] = row
     return latest
@@ -201,7 +215,7 @@ def diff_datasets(old_rows: Iterable[Row], new_rows: Iterable[Row]) -> list[Chan
             kind = "fixed"
         else:
             kind = "unchanged"
-        changes.append(Change(key[0], key[1], kind, before, after))
+        changes.append(Change(key[0], key[1], kind, before, after, key[3]))
     return changes
 
 
@@ -350,6 +364,27 @@ def render_card(results_dir: Path) -> str:
         "",
         f"PASS rows that ran operations on the host instead of the device (`fallback_ops`): {len(hosted)}"
         + (f" ({', '.join(sorted(hosted))})." if hosted else "."),
+    ]
+    trained = [row for row in rows if row.check == "train"]
+    lines += [
+        "",
+        "## The training check",
+        "",
+        "Rows with `check` = `train` come from train.py, not run.py: the model loaded on the device (sharded with",
+        "`DistributedConfig` when the plan says so), Trainer with `TrainingArguments(bf16=<weights are bf16>,",
+        "torch_compile=True, torch_compile_backend=<the device's>, dataloader_drop_last=True,",
+        f"max_steps={TRAIN_STEPS})`, batches of {TRAIN_BATCH} from a fixed text set padded to {TRAIN_MAX_LENGTH}",
+        f'tokens (`padding="max_length"`: fixed shapes), learning rate {TRAIN_LEARNING_RATE:g}, seed {TRAIN_SEED};',
+        "the same train.py eagerly on CPU with the same data. PASS when every device loss is finite, at every step",
+        f"abs(device - cpu) <= {LOSS_ATOL} + {LOSS_RTOL} x abs(cpu) for the loss and the gradient norm is within",
+        f"{GRAD_NORM_RTOL:.0%} of the CPU's (a corrupted gradient shows in its own step's norm; the loss moves only",
+        "from the next step on, and AdamW's normalised update can keep that move small), and no graph is compiled",
+        "after the first step (`recompiles`). The tolerance rests on a measurement: torch.compile (inductor) against",
+        "eager on CPU, bf16, 3 steps of the tiny zoo's smollm3 and qwen3, differed by at most 8e-3 nats (1.2e-3",
+        "relative) in the loss and 1.1 % in the gradient norm. The planner sizes training runs by weights +",
+        "gradients + AdamW's two moments, all in the weights' dtype (4 x the weight bytes; `train_state_bytes`",
+        "is what train.py held).",
+        f"This dataset: {len(trained)} training row(s), {sum(r.result == 'PASS' for r in trained)} PASS.",
     ]
     lines += ["", "## Failure stages", "", "| failure_stage | meaning |", "|---|---|"]
     lines += [f"| `{name}` | {text} |" for name, text in STAGES.items()]

@@ -81,6 +81,10 @@ class DeviceKind:
             import it), or None where torch itself drives the device (cuda, cpu). ``neuron-support
             doctor`` checks that it imports, is autoloaded by ``import torch``, and stays out of a
             process started with :data:`NO_DEVICE_ENV`.
+        train_use_cpu: train.py passes ``TrainingArguments(use_cpu=...)``: True on cpu, where Accelerate
+            would otherwise refuse ``bf16=True`` without a bf16 GPU (and would pick a GPU if one is
+            present); False where the Trainer finds the device itself (neuron: transformers' own
+            ``is_torch_neuron_available``, cuda).
     """
 
     name: str
@@ -104,6 +108,7 @@ class DeviceKind:
     compiler_version_expr: str | None = None
     runtime_module: str | None = None
     host_counted: bool = False
+    train_use_cpu: bool = False
 
     def pin_cores(self, first: int, count: int) -> dict[str, str]:
         """Environment that restricts a process to cores ``first .. first+count-1``."""
@@ -129,6 +134,7 @@ class DeviceKind:
             "fallback_ops_expr": self.fallback_ops_expr,
             "compiler_version_expr": self.compiler_version_expr,
             "env": dict(self.env),
+            "train_use_cpu": self.train_use_cpu,
         }
 
 
@@ -188,6 +194,7 @@ DEVICES: Mapping[str, DeviceKind] = MappingProxyType(
             count_expr="__import__('os').cpu_count() or 1",
             max_pool=64,
             host_counted=True,
+            train_use_cpu=True,
         ),
     }
 )

@@ -47,15 +47,27 @@ def explain(op: str, left: object, right: object) -> list[str] | None:
     # pytest shows 8 lines of an explanation unless -vv: the evidence first, the error text only
     # where no evidence line says it already.
     lines = [f"{str(left)!r} == {right!r}", f"{row.model_id}: {row.result}{where}, decided by {row.verdict_basis}"]
-    evidence = _parity_lines(row) or _teacher_forced_lines(row) or _repeat_lines(row)
+    evidence = _parity_lines(row) or _teacher_forced_lines(row) or _repeat_lines(row) or _training_lines(row)
     if row.error and not evidence:
         lines.append(f"error: {row.error}")
     lines += evidence
     if row.judge_verdict and not evidence:
         score = f" (P(yes) {row.judge_score:.3f})" if row.judge_score is not None else ""
         lines.append(f"judge {row.judge_model}: {row.judge_verdict}{score}")
-    lines.append(f"run.py, result.json and log.txt: {left.directory}")
+    script = "train.py (device/ and cpu/)" if row.check == "train" else "run.py"
+    lines.append(f"{script}, result.json and log.txt: {left.directory}")
     return lines
+
+
+def _training_lines(row: Row) -> list[str]:
+    """A training FAIL: the error (which step, what, both values), then both runs' per-step losses."""
+    if row.check != "train" or row.result != "FAIL" or not row.error:
+        return []
+    return [
+        f"error: {row.error}",
+        f"- CPU losses    {[round(v, 4) for v in row.cpu_train_losses]}",
+        f"+ device losses {[round(v, 4) for v in row.train_losses]}",
+    ]
 
 
 def _parity_lines(row: Row) -> list[str]:

@@ -37,7 +37,7 @@ from .cores import SLICE_ENV, CorePool, Lease
 from .devices import DeviceKind
 from .execution import ProcessOutcome
 from .explain import Verdict
-from .pipeline import ReferenceRun, judge_row, plan_model, run_model, run_spec
+from .pipeline import ReferenceRun, judge_row, plan_model, run_model, run_spec, run_training
 from .planning import Plan
 from .records import Row
 from .redaction import scrub
@@ -47,6 +47,7 @@ from .rows import (
     gate,
     planned_row,
     stage_name,
+    training_row,
     with_cache_counts,
     with_device_result,
     with_parity,
@@ -63,6 +64,7 @@ FIXTURES: tuple[str, ...] = (
     "neuron_reference",
     "neuron_judge",
     "neuron_check",
+    "neuron_train_check",
 )
 #: ``@pytest.mark.neuron_model`` keywords: the catalog fields a test may set.
 MODEL_FIELDS: tuple[str, ...] = (
@@ -541,7 +543,9 @@ def neuron_plan(request: pytest.FixtureRequest, neuron_model: ModelSpec) -> Plan
         except MarkerError as exc:
             _fail_marker(exc)
         model = neuron_model if count is None else replace(neuron_model, cores=count)
-        plan, _ = plan_model(model, session_settings(request.config))
+        # The training check plans by its own memory model (weights, gradients, optimizer state).
+        check = "train" if "neuron_train_check" in request.fixturenames else "inference"
+        plan, _ = plan_model(model, session_settings(request.config), check=check)
     evidence.plan = plan
     if plan.skip is not None:
         evidence.skip_stage = "plan"
@@ -776,7 +780,7 @@ def neuron_check(request: pytest.FixtureRequest, neuron_model: ModelSpec, neuron
     evidence = evidence_of(node)
     settings = session_settings(config)
     if catalog_items.model_key in node.stash:
-        done = config.stash.get(controller.recorded_key, {}).get((neuron_model.id, settings.device.name))
+        done = config.stash.get(controller.recorded_key, {}).get((neuron_model.id, settings.device.name, "inference"))
         if done is not None and done[1] == settings_hash(neuron_model, settings):
             evidence.resumed = True
             pytest.skip(f"resumed: {done[0]} already recorded for this stack and settings")
@@ -815,15 +819,75 @@ def neuron_check(request: pytest.FixtureRequest, neuron_model: ModelSpec, neuron
     return ModelCheck(row, directory)
 
 
+@pytest.fixture
+def neuron_train_check(request: pytest.FixtureRequest, neuron_model: ModelSpec, neuron_plan: Plan) -> ModelCheck:
+    """The training check of the test's model (a ``ModelCheck``, its row's ``check`` is ``train``), as a
+    catalog ``test_training`` item runs it.
+
+    The plan (sized by the training memory model: weights, gradients and AdamW state) is leased, a
+    standalone train.py runs a few Trainer steps on the device (``bf16``, ``torch_compile`` with the
+    device's backend, fixed-length batches, ``dataloader_drop_last``; sharded with ``DistributedConfig``
+    when the plan says so), the same train.py runs eagerly on CPU beside it, and the row is PASS when
+    every loss is finite, the per-step losses and gradient norms agree with the CPU's within the
+    documented tolerance, and no graph was compiled after the first step; else FAIL at stage ``train``
+    naming the first step that went wrong. The lease is released the moment the device run ends.
+    """
+    node: pytest.Item = request.node
+    config = request.config
+    evidence = evidence_of(node)
+    settings = session_settings(config)
+    if catalog_items.model_key in node.stash:
+        done = config.stash.get(controller.recorded_key, {}).get((neuron_model.id, settings.device.name, "train"))
+        if done is not None and done[1] == settings_hash(neuron_model, settings, "train"):
+            evidence.resumed = True
+            pytest.skip(f"resumed: {done[0]} already recorded for this stack and settings")
+        directory = settings.results_dir / "runs" / slug(neuron_model.id) / settings.device.name / "train"
+    else:
+        directory = _workdir(settings, node) / "train"
+    row = training_row(planned_row(neuron_model, settings, neuron_plan), neuron_model, settings)
+    if row.failure_stage != "plan":  # SKIPPED or ERROR at plan: nothing to run
+        post_load = config.hook.pytest_neuron_support_post_load(config=config, model=neuron_model) or ""
+        lease: CoreLease = request.getfixturevalue("neuron_cores")
+        planned = row
+        try:
+            row = run_training(
+                neuron_model,
+                settings,
+                neuron_plan,
+                cores=(lease.first, lease.count),
+                post_load=post_load,
+                workdir=directory,
+                planned=row,
+                release=lease.release,
+            )
+        except Exception as exc:  # the harness itself broke (disk full, ...): still a row
+            row = replace(
+                planned,
+                result="ERROR",
+                failure_stage="harness",
+                verdict_basis="run",
+                error=f"{type(exc).__name__}: {exc}",
+            )
+    evidence.row = row
+    if row.result == "SKIPPED":
+        evidence.skip_stage = row.failure_stage
+        pytest.skip(f"skipped: {row.error}")
+    return ModelCheck(row, directory)
+
+
 def catalog_row(item: pytest.Item, evidence: Evidence, report: pytest.TestReport, settings: Settings) -> Row:
     """A catalog item's row: the one ``neuron_check`` made; else the reason nothing ran (EXCLUDED,
     SKIPPED or ERROR at plan); else the harness broke before the check (ERROR at ``harness``)."""
     if evidence.row is not None:
         return evidence.row
-    if evidence.gated is not None:
-        return evidence.gated
     model = item.stash[catalog_items.model_key]
+    # A training item's row is a training row whatever stopped it (its check is part of its key).
+    train = item.stash.get(catalog_items.check_key, "inference") == "train"
+    if evidence.gated is not None:
+        return training_row(evidence.gated, model, settings) if train else evidence.gated
     row = base_row(model, settings) if evidence.plan is None else planned_row(model, settings, evidence.plan)
+    if train:
+        row = training_row(row, model, settings)
     if row.failure_stage == "plan":
         return row
     text = scrub(report.longreprtext) or ""

@@ -25,6 +25,8 @@ from .sharding import assign
 
 #: The catalog entry a catalog item checks (set at collection; absent on a user's own test).
 model_key = pytest.StashKey[ModelSpec]()
+#: The check it makes (``inference``: test_model, ``train``: test_training).
+check_key = pytest.StashKey[str]()
 #: Its plan: from the controller (xdist), or made once the session's selection is known.
 plan_key = pytest.StashKey[Plan]()
 #: cores x expected seconds: the item's place in the sweep and in the core ledger's queue.
@@ -119,9 +121,10 @@ def order_items(config: pytest.Config, items: list[pytest.Item]) -> None:
         # item's neuron_plan fixture when it runs, at cost 0 here.)
         plans = config.stash[plans_key]
     else:
-        plans = plan_models(config, [item.stash[model_key] for item in models])
+        unique = {item.stash[model_key].id: item.stash[model_key] for item in models}
+        plans = plan_models(config, list(unique.values()))
     for item in models:
-        plan = plans.get(item.stash[model_key].id)
+        plan = plans.get(suite.item_name(item.stash[model_key].id, item.stash[check_key]))
         if plan is not None:
             item.stash[plan_key] = plan
     history = _history(config)
@@ -156,8 +159,8 @@ class CatalogFile(pytest.Module):
         return importlib.import_module(suite.__name__)
 
     def istestfunction(self, obj: object, name: str) -> bool:
-        # Whatever the user's python_functions says, the suite is exactly its one test.
-        return name == suite.TEST_NAME and callable(obj)
+        # Whatever the user's python_functions says, the suite is exactly its tests (one per check).
+        return name in suite.TEST_NAMES.values() and callable(obj)
 
     def istestclass(self, obj: object, name: str) -> bool:
         return False
@@ -165,12 +168,16 @@ class CatalogFile(pytest.Module):
     def collect(self) -> list[pytest.Item | pytest.Collector]:
         if not self.config.stash[catalog_key]:
             return []  # an empty catalog is no item (not pytest's "empty parameter set" skip)
-        collected = list(super().collect())
-        for node in collected:
+        collected = []
+        for node in super().collect():
             spec = _param(node)
-            if isinstance(node, pytest.Item) and spec is not None:
+            if spec is None:
+                continue  # a check no entry asks for: pytest's "empty parameter set" item, dropped
+            if isinstance(node, pytest.Item):
                 node.stash[model_key] = spec
+                node.stash[check_key] = suite.check_of(node.nodeid) or "inference"
                 node.extra_keyword_matches.update(spec.tags)
+            collected.append(node)
         return collected
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from .catalog import DEFAULT_PROMPT, DTYPES, CatalogError, ModelSpec, cli_model
+from .catalog import CHECKS, DEFAULT_PROMPT, DTYPES, CatalogError, ModelSpec, cli_model
 from .checks import DEFAULT_JUDGE, PARITY_MODES
 from .cores import default_ledger_dir
 from .devices import AUTO_ORDER
@@ -55,6 +55,8 @@ class Options:
     memory_headroom: float
     max_cores: int
     progress_interval: float = 60.0
+    #: ``--check``: the checks every entry gets this run (None: each entry's own ``checks:``).
+    checks: tuple[str, ...] | None = None
 
 
 options_key = pytest.StashKey[Options]()
@@ -217,6 +219,17 @@ def add_options(parser: pytest.Parser) -> None:
     )
     group.addoption("--judge-revision", default=None, metavar="REV", help="revision of --judge-model (default main)")
     group.addoption(
+        "--check",
+        dest="neuron_checks",
+        action="append",
+        type=check_list,
+        default=None,
+        metavar="CHECK",
+        help="which checks this run makes of every entry: inference (run.py), train (train.py: a few Trainer "
+        "steps against CPU; text-generation entries only); repeatable or comma-separated "
+        "(default: each entry's own checks:, else inference)",
+    )
+    group.addoption(
         "--parity",
         default="exact",
         choices=PARITY_MODES,
@@ -306,6 +319,18 @@ def judge_model_id(value: str) -> str:
         ) from None
 
 
+def check_list(value: str) -> tuple[str, ...]:
+    """--check: one check, or a comma-separated list of them."""
+    names = tuple(part.strip() for part in value.split(","))
+    for name in names:
+        if name not in CHECKS:
+            raise pytest.UsageError(
+                f"--check={value!r}: unknown check {name!r}; pass one or more of {', '.join(CHECKS)}, "
+                "e.g. --check=train or --check=inference,train"
+            )
+    return names
+
+
 def shard_spec(value: str) -> str:
     """--shard I/N, checked here and parsed again into a Shard by :func:`parse_options`."""
     try:
@@ -351,7 +376,15 @@ def parse_options(config: pytest.Config) -> Options:
         cpu_check_memory_gib=get("cpu_check_memory_gib"),
         core_ledger=Path(get("core_ledger")).resolve() if get("core_ledger") else default_ledger_dir(),
         progress_interval=get("progress_interval"),
+        checks=_checks(get("neuron_checks")),
     )
+
+
+def _checks(groups: list[tuple[str, ...]] | None) -> tuple[str, ...] | None:
+    """Every --check given (each a tuple from :func:`check_list`), in the table's order; None for none."""
+    if groups is None:
+        return None
+    return tuple(check for check in CHECKS if any(check in group for group in groups))
 
 
 def _shard(value: str | None) -> Shard | None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -25,13 +25,19 @@ from .caches import ReferenceCache, reference_key
 from .catalog import ModelSpec
 from .checks import (
     EMBEDDING_SENTENCES,
+    TRAIN_BATCH,
+    TRAIN_LEARNING_RATE,
+    TRAIN_MAX_LENGTH,
+    TRAIN_SEED,
+    TRAIN_STEPS,
+    TRAIN_TEXTS,
     TeacherForced,
     fluency_precheck,
     teacher_forced,
 )
 from .devices import DEVICES, NO_DEVICE_ENV, DeviceKind
 from .execution import ProcessOutcome, run_script
-from .planning import DTYPE_BYTES, Plan, PlanningError, inspect_model, plan_cores
+from .planning import DTYPE_BYTES, Plan, PlanningError, inspect_model, plan_cores, training_bytes
 from .records import Row
 from .redaction import scrub
 from .rows import (
@@ -41,13 +47,16 @@ from .rows import (
     repeat_failure,
     single_core_verdict,
     stage_name,
+    training_row,
+    training_verdict,
     with_cache_counts,
     with_device_result,
     with_embedding_parity,
     with_forced,
     with_parity,
+    with_training_result,
 )
-from .runscript import JudgeSpec, RunSpec, render_and_run, render_judge
+from .runscript import JudgeSpec, RunSpec, TrainSpec, render_and_run, render_judge
 from .settings import IMAGE_SIZE, Settings, prompt_of, slug, timeout_of
 
 #: Host memory the CPU check needs per byte of weights in its dtype (activations, logits, the
@@ -55,8 +64,20 @@ from .settings import IMAGE_SIZE, Settings, prompt_of, slug, timeout_of
 CPU_CHECK_OVERHEAD = 1.25
 
 
-def plan_model(model: ModelSpec, settings: Settings, *, local_only: bool = False) -> tuple[Plan, bool]:
-    """The model's plan, and whether the Hub proved unreachable while making it.
+def plan_model(
+    model: ModelSpec, settings: Settings, *, local_only: bool = False, check: str = "inference"
+) -> tuple[Plan, bool]:
+    """The model's plan for ``check``, and whether the Hub proved unreachable while making it."""
+    plans, unreachable = plan_checks(model, settings, (check,), local_only=local_only)
+    return plans[check], unreachable
+
+
+def plan_checks(
+    model: ModelSpec, settings: Settings, checks: Sequence[str], *, local_only: bool = False
+) -> tuple[dict[str, Plan], bool]:
+    """The model's plan for each of ``checks`` from one inspection, and whether the Hub proved
+    unreachable while making them (the train check plans by the training memory model: weights,
+    gradients and optimizer state, :func:`.planning.training_bytes`).
 
     A model that cannot be inspected runs on its catalog ``cores:`` when the entry sets them (the
     user decided); otherwise its plan carries the error (an ERROR row at stage plan saying what to
@@ -66,31 +87,35 @@ def plan_model(model: ModelSpec, settings: Settings, *, local_only: bool = False
         shape = inspect_model(model, local_only=local_only)
     except PlanningError as exc:
         if model.cores is not None:
-            return Plan(
+            plan = Plan(
                 cores=model.cores,
                 tp_size=model.cores,
                 ep_size=1,
                 weight_bytes=0,
                 skip=None,
                 reason=f"catalog override: {model.cores} core(s), not inspected ({exc})",
-            ), exc.unreachable
+            )
+            return dict.fromkeys(checks, plan), exc.unreachable
         where = f"its catalog entry (line {model.line})" if model.line else "a catalog entry for it (--models-file)"
         error = (
             f"{exc}; to run it without inspecting it, set its core count: 'cores: N' in {where} "
             "(or check the id and the Hub's reachability)"
         )
-        return Plan(
-            cores=0, tp_size=1, ep_size=1, weight_bytes=0, skip=None, reason=error, error=error
-        ), exc.unreachable
-    plan = plan_cores(
-        shape,
-        dtype=model.dtype,
-        core_bytes=settings.core_bytes,
-        headroom=settings.headroom,
-        max_cores=settings.max_cores,
-        override=model.cores,
-    )
-    return plan, False
+        plan = Plan(cores=0, tp_size=1, ep_size=1, weight_bytes=0, skip=None, reason=error, error=error)
+        return dict.fromkeys(checks, plan), exc.unreachable
+    plans = {
+        check: plan_cores(
+            shape,
+            dtype=model.dtype,
+            core_bytes=settings.core_bytes,
+            headroom=settings.headroom,
+            max_cores=settings.max_cores,
+            override=model.cores,
+            training=check == "train",
+        )
+        for check in checks
+    }
+    return plans, False
 
 
 def prior_seconds(plan: Plan) -> float:
@@ -153,8 +178,47 @@ def cpu_check_spec(model: ModelSpec, settings: Settings, tokens: tuple[int, ...]
     return replace(spec, forced_tokens=tokens, score_own_tokens=False)
 
 
+def train_distributed_configs(plan: Plan) -> tuple[dict[str, Any], ...]:
+    """``DistributedConfig`` keyword sets train.py tries in order for a sharded training plan: the plan's
+    first choice (tensor parallel; an expert-parallel plan's list as inference tries it, which ends with
+    FSDP over the experts' ranks), then FSDP over the same ranks (``fsdp_size=n``: it shards weights,
+    gradients and optimizer state, the training memory model / n). Accelerate 1.15 refuses a
+    tensor-parallel model under the Trainer on CPU processes (``MULTI_CPU``, gloo) but accepts FSDP
+    there; train.py records the one that trained and why the others did not."""
+    if plan.tp_size > 1:
+        return ({"tp_size": plan.tp_size}, {"fsdp_size": plan.tp_size})
+    if plan.ep_size == 1 and plan.cores > 1:  # the planner's FSDP layout (a dense model without a TP plan)
+        return ({"fsdp_size": plan.cores},)
+    return distributed_configs(plan)
+
+
+def train_spec(
+    model: ModelSpec, settings: Settings, *, device: DeviceKind, reference: bool, post_load: str, plan: Plan | None
+) -> TrainSpec:
+    """train.py's spec: on the device compiled with the session's backend and sharded by the plan; the
+    CPU side eager, one process, in the reference dtype, with the same data, steps and seed."""
+    return TrainSpec(
+        model=model.id,
+        revision=model.revision,
+        dtype=(settings.reference_dtype or model.dtype) if reference else model.dtype,
+        device=device,
+        compile=not reference,
+        compile_backend=device.compile_backend if reference else settings.compile_backend,
+        steps=TRAIN_STEPS,
+        batch_size=TRAIN_BATCH,
+        max_length=TRAIN_MAX_LENGTH,
+        learning_rate=TRAIN_LEARNING_RATE,
+        seed=TRAIN_SEED,
+        texts=TRAIN_TEXTS,
+        trust_remote_code=model.trust_remote_code and settings.allow_remote_code,
+        post_load="" if reference else post_load,
+        world_size=1 if reference or plan is None else max(plan.cores, 1),
+        distributed_configs=() if reference or plan is None else train_distributed_configs(plan),
+    )
+
+
 def _execute(
-    spec: RunSpec,
+    spec: RunSpec | TrainSpec,
     directory: Path,
     env: Mapping[str, str],
     settings: Settings,
@@ -306,6 +370,107 @@ def run_model(
     if forced.passes(settings.parity):
         return replace(row, result="PASS")
     return replace(row, result="FAIL", failure_stage="parity", error=forced_error(forced, len(row.tokens)))
+
+
+def run_training(
+    model: ModelSpec,
+    settings: Settings,
+    plan: Plan,
+    *,
+    cores: tuple[int, int] = (0, 1),
+    post_load: str = "",
+    env: Mapping[str, str] | None = None,
+    release: Callable[[], None] | None = None,
+    workdir: Path | None = None,
+    planned: Row | None = None,
+) -> Row:
+    """The training check of one model end to end (check ``train``): train.py on the device under the
+    lease (``cores`` = first, count), the same steps on CPU (``release`` is called the moment the device
+    run ends: they need no cores), and the step-by-step verdict. A one-core run's CPU side runs beside
+    it; a sharded run's after it, once train.py says how many examples a step took over all its ranks
+    (FSDP ranks each take their own batch; the CPU takes them all in one). Never raises for the model's
+    failure: every outcome is the row."""
+    environ = dict(os.environ if env is None else env)
+    first, count = cores
+    planned = training_row(planned_row(model, settings, plan), model, settings) if planned is None else planned
+    row = replace(planned, first_core=first, lease_start=round(time.time(), 3))
+    if workdir is None:
+        workdir = settings.results_dir / "runs" / slug(model.id) / settings.device.name / "train"
+    device_env = {**environ, **settings.device.pin_cores(first, count)}
+    if settings.compile_cache is not None:
+        device_env[settings.device.compile_cache_env] = str(settings.compile_cache)
+    cpu_spec = train_spec(model, settings, device=DEVICES["cpu"], reference=True, post_load="", plan=None)
+    short = _cpu_train_memory_shortfall(row, cpu_spec, settings)
+    cpu_outcome: list[ProcessOutcome] = []
+    cancel = threading.Event()
+
+    def cpu_side() -> None:
+        cpu_outcome.append(_execute(cpu_spec, workdir / "cpu", _cpu_env(environ), settings, model, cancel=cancel)[1])
+
+    # Beside a one-core device run: the CPU steps need no cores, so the item takes the longer of the two.
+    thread = threading.Thread(target=cpu_side, name="neuron-support-train-cpu", daemon=True)
+    sharded = plan.cores > 1
+    if short is None and not sharded:
+        thread.start()
+    spec = train_spec(model, settings, device=settings.device, reference=False, post_load=post_load, plan=plan)
+    try:
+        source, outcome = _execute(spec, workdir / "device", device_env, settings, model)
+    except BaseException:
+        cancel.set()
+        raise
+    finally:
+        lease_end = round(time.time(), 3)
+        if release is not None:
+            release()
+    row = replace(row, runscript=source, run_s=round(outcome.wall_s, 3), lease_end=lease_end)
+    result = outcome.result
+    if result is not None:
+        row = with_training_result(row, result)
+    if result is None or not result.get("ok"):
+        cancel.set()
+        thread.join() if thread.is_alive() else None
+        status, stage, error = failure_of(outcome, "train.py")
+        return replace(
+            row,
+            result=status,
+            failure_stage=stage_name(stage, False),
+            verdict_basis="run",
+            error=scrub(error, environ),
+        )
+    if short is not None:
+        return replace(row, result="ERROR", failure_stage="reference", verdict_basis="run", error=short)
+    if sharded:
+        cpu_spec = replace(cpu_spec, batch_size=int(result.get("global_batch") or cpu_spec.batch_size))
+        thread = threading.Thread(target=cpu_side, name="neuron-support-train-cpu", daemon=True)
+        thread.start()
+    thread.join()
+    cpu = cpu_outcome[0]
+    row = replace(row, reference_dtype=cpu_spec.dtype, reference_s=round(cpu.wall_s, 3), reference_cached=False)
+    if cpu.result is None or not cpu.result.get("ok"):
+        status, _, error = failure_of(cpu, "CPU train.py")
+        return replace(row, result=status, failure_stage="reference", verdict_basis="run", error=scrub(error, environ))
+    return training_verdict(row, result, cpu.result)
+
+
+def _cpu_train_memory_shortfall(row: Row, spec: TrainSpec, settings: Settings) -> str | None:
+    """Why the host cannot hold the CPU side of a training check (its training state, the same memory
+    model the planner uses, x CPU_CHECK_OVERHEAD), or None when it can (or the size is unknown)."""
+    if not row.parameters:
+        return None
+    needed = int(training_bytes(row.parameters, spec.dtype) * CPU_CHECK_OVERHEAD)
+    if settings.cpu_check_memory is not None:
+        available, what = settings.cpu_check_memory, "--cpu-check-memory-gib allows"
+    else:
+        import psutil
+
+        available, what = int(psutil.virtual_memory().available), "the host has available"
+    if needed <= available:
+        return None
+    gib = 1 << 30
+    return (
+        f"the CPU side of the training check needs ~{needed / gib:.1f} GiB of host memory ({spec.dtype} training "
+        f"state x {CPU_CHECK_OVERHEAD}), {what} {available / gib:.1f} GiB: no CPU steps to compare with"
+    )
 
 
 def _cpu_check(

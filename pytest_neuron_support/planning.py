@@ -222,6 +222,20 @@ class Plan:
     error: str | None = None
 
 
+#: The training memory model: a fine-tuning step holds, per parameter, its weight, its gradient and
+#: AdamW's two moments (exp_avg, exp_avg_sq), each in the weights' dtype: torch.optim.AdamW makes its
+#: state with ``zeros_like(param)``, and Trainer with ``bf16=True`` over bf16 weights keeps no fp32
+#: master copy (train.py records the bytes it actually held, ``training_state_bytes``, which the tests
+#: compare with this). bfloat16: 4 x 2 = 8 bytes per parameter; float32: 16.
+TRAIN_STATE_COPIES = 4
+
+
+def training_bytes(parameters: int, dtype: str) -> int:
+    """Bytes of a training step's state for ``parameters`` in ``dtype``: weights, gradients and the
+    optimizer's two moments (:data:`TRAIN_STATE_COPIES` copies); activations live in the headroom."""
+    return parameters * DTYPE_BYTES[dtype] * TRAIN_STATE_COPIES
+
+
 def plan_cores(
     shape: ModelShape,
     *,
@@ -230,6 +244,7 @@ def plan_cores(
     headroom: float = DEFAULT_HEADROOM,
     max_cores: int = DEFAULT_MAX_CORES,
     override: int | None = None,
+    training: bool = False,
 ) -> Plan:
     """Choose the fewest cores that hold the weights and that the model's shape can be sharded over.
 
@@ -238,6 +253,8 @@ def plan_cores(
     attention heads and the KV heads, MoE models included), else expert parallelism for an MoE
     (n must divide the experts); a dense model without a TP plan runs on one core only.
     ``override`` (the catalog's ``cores:``) replaces the choice but must satisfy the same rules.
+    ``training`` plans a fine-tuning run: a core must hold the training state (:func:`training_bytes`:
+    weights, gradients, AdamW moments), not the weights alone.
     """
     if dtype not in DTYPE_BYTES:
         raise ValueError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPE_BYTES)}")
@@ -249,21 +266,28 @@ def plan_cores(
         raise ValueError(f"max_cores must be at least 1 (got {max_cores})")
 
     weight_bytes = shape.parameters * DTYPE_BYTES[dtype]
+    copies = TRAIN_STATE_COPIES if training else 1
     usable = core_bytes * (1 - headroom)
     # Expert parallelism without a TP plan shards only the experts: attention, embeddings and the
     # lm_head stay whole on every rank (transformers' ep_size with tp_plan={}), so a core holds
     # dense + experts / n, not weights / n.
     experts_only = not shape.has_tp_plan and shape.num_experts > 0
     expert_bytes = shape.expert_parameters * DTYPE_BYTES[dtype] if experts_only else 0
+    held, held_experts = weight_bytes * copies, expert_bytes * copies
 
     def on_one_core(cores: int) -> float:
-        return (weight_bytes - expert_bytes) + expert_bytes / cores if experts_only else weight_bytes / cores
+        return (held - held_experts) + held_experts / cores if experts_only else held / cores
 
     need = _memory_cores(on_one_core, usable)
     size = f"{_gib(weight_bytes)} GiB of {dtype} weights"
+    if training:
+        size = (
+            f"{_gib(held)} GiB of training state ({dtype} weights, gradients and AdamW's two moments: "
+            f"{copies} x {_gib(weight_bytes)} GiB)"
+        )
     if experts_only:
         size += (
-            f" ({_gib(expert_bytes)} GiB in experts, split over the ranks; {_gib(weight_bytes - expert_bytes)} GiB "
+            f" ({_gib(held_experts)} GiB in experts, split over the ranks; {_gib(held - held_experts)} GiB "
             "dense, whole on every rank)"
         )
     per_core = f"{_gib(usable)} usable GiB"
@@ -282,7 +306,7 @@ def plan_cores(
                 f"catalog override cores={override} does not fit memory: {size} need {need} cores "
                 f"at {per_core} per core"
             )
-        layout = _layout(shape, override)
+        layout = _layout(shape, override, training)
         if isinstance(layout, str):
             return skipped(f"catalog override cores={override} cannot shard {shape.model_type}: {layout}")
         tp, ep, how = layout
@@ -295,8 +319,9 @@ def plan_cores(
             weight_bytes=weight_bytes,
         )
 
-    # Checked before the core limit: raising --max-cores cannot help a model nothing can shard.
-    if need > 1 and not shape.has_tp_plan and shape.num_experts == 0:
+    # Checked before the core limit: raising --max-cores cannot help a model nothing can shard (a
+    # training run can: FSDP, see _layout).
+    if need > 1 and not shape.has_tp_plan and shape.num_experts == 0 and not training:
         return skipped(
             f"{shape.model_type} has no TP plan in transformers and no experts, so it cannot be sharded and "
             f"must fit 1 core, but its {size} exceed the {per_core} of one core (it would need {need})"
@@ -309,7 +334,7 @@ def plan_cores(
     candidates = [n for n in CORE_CHOICES if need <= n <= max_cores]
     failures: list[str] = []
     for cores in candidates:
-        layout = _layout(shape, cores)
+        layout = _layout(shape, cores, training)
         if isinstance(layout, str):
             failures.append(layout)
             continue
@@ -443,8 +468,11 @@ def _memory_cores(on_one_core: Callable[[int], float], usable: float) -> int:
     return cores
 
 
-def _layout(shape: ModelShape, cores: int) -> tuple[int, int, str] | str:
-    """``(tp_size, ep_size, explanation)`` for sharding over ``cores``, or the rule that forbids it."""
+def _layout(shape: ModelShape, cores: int, training: bool = False) -> tuple[int, int, str] | str:
+    """``(tp_size, ep_size, explanation)`` for sharding over ``cores``, or the rule that forbids it.
+    A training run of a dense model without a TP plan shards with FSDP instead (tp = ep = 1 over
+    ``cores`` ranks: ``DistributedConfig(fsdp_size=cores)`` splits weights, gradients and optimizer
+    state, whatever the shape)."""
     if cores == 1:
         return 1, 1, "no sharding needed"
     if shape.has_tp_plan:
@@ -462,6 +490,8 @@ def _layout(shape: ModelShape, cores: int) -> tuple[int, int, str] | str:
         return (
             f"expert parallelism ({shape.model_type} has no TP plan) needs ep={cores} to divide the {experts} experts"
         )
+    if training:
+        return 1, 1, f"fsdp={cores} shards the training state ({shape.model_type} has no TP plan and no experts)"
     return (
         f"{shape.model_type} has no TP plan in transformers and no experts, so it cannot be sharded over {cores} cores"
     )

@@ -29,6 +29,7 @@ from .execution import last_stage
 from .reporting import row_from_report
 from .settings import slug
 from .storage import write_atomic
+from .suite import check_of
 
 STATUS_FILE = "status.json"
 
@@ -78,15 +79,23 @@ class State:
     left_s: float | None = None
 
 
-def stage_of(results_dir: Path, device: str, model_id: str, since: float) -> str:
+def label(nodeid: str, model_id: str) -> str:
+    """How the progress lines name an item: its model, and the check where it is not inference."""
+    check = check_of(nodeid)
+    return model_id if check in (None, "inference") else f"{model_id} ({check})"
+
+
+def stage_of(results_dir: Path, device: str, model_id: str, since: float, check: str = "inference") -> str:
     """The stage a running model is at, from what its run folder holds (written after ``since``)."""
     runs = results_dir / "runs" / slug(model_id) / device
+    if check == "train":
+        # train.py's own markers (load, compile = step 1, train), then the CPU side's steps.
+        runs = runs / "train"
+        if fresh_path(runs / "device" / "result.json", since):
+            return "verdict" if fresh_path(runs / "cpu" / "result.json", since) else "cpu steps"
 
     def fresh(path: Path) -> bool:
-        try:
-            return path.stat().st_mtime >= since
-        except OSError:
-            return False
+        return fresh_path(path, since)
 
     for name in ("judge", "cpu-check"):  # after the device run, in the order the pipeline runs them
         if fresh(runs / name):
@@ -102,6 +111,14 @@ def stage_of(results_dir: Path, device: str, model_id: str, since: float) -> str
         return last_stage(log.read_text(errors="replace"))
     except OSError:
         return "start"
+
+
+def fresh_path(path: Path, since: float) -> bool:
+    """The path exists and was written at or after ``since`` (by this run, not an earlier one)."""
+    try:
+        return path.stat().st_mtime >= since
+    except OSError:
+        return False
 
 
 def duration(seconds: float) -> str:
@@ -122,8 +139,9 @@ def status_lines(state: State, results_dir: Path, now: float) -> list[str]:
         head += " (" + ", ".join(f"{n} {result}" for result, n in sorted(state.results.items())) + ")"
     lines = [head]
     for item in sorted(state.running, key=lambda r: r.since):
-        stage = stage_of(results_dir, state.device, item.model_id, item.since)
-        lines.append(f"  {item.model_id}: {item.cores} core(s), {stage}, {duration(now - item.since)} since it started")
+        stage = stage_of(results_dir, state.device, item.model_id, item.since, check_of(item.nodeid) or "inference")
+        name = label(item.nodeid, item.model_id)
+        lines.append(f"  {name}: {item.cores} core(s), {stage}, {duration(now - item.since)} since it started")
     return lines
 
 
@@ -174,7 +192,7 @@ class Progress:
             self.state.running.append(Running(nodeid, planned.model_id, planned.cores, time.time()))
             self._estimate(time.time())
         cores = f"{planned.cores} core(s)" if planned.cores else "no cores"
-        self._line(f"start {planned.model_id}: {cores}, expected {duration(planned.expected_s)}")
+        self._line(f"start {label(nodeid, planned.model_id)}: {cores}, expected {duration(planned.expected_s)}")
         self._save()
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
@@ -203,7 +221,9 @@ class Progress:
             self._estimate(now)
         elapsed = f" in {duration(now - running.since)}" if running is not None else ""
         stage = f" at {outcome[1]}" if outcome[1] else ""
-        self._line(f"end   {planned.model_id}: {outcome[0]}{stage}{elapsed}; " + self._head_line(now))
+        self._line(
+            f"end   {label(planned.nodeid, planned.model_id)}: {outcome[0]}{stage}{elapsed}; " + self._head_line(now)
+        )
         self._save()
 
     @pytest.hookimpl(trylast=True)

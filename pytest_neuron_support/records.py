@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
 
+from .checks import GRAD_NORM_RTOL, LOSS_ATOL, LOSS_RTOL
 from .signatures import MAX_MESSAGE, signature
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 #: Every value of the ``result`` column and exactly what it means.
 RESULTS: Mapping[str, str] = {
@@ -67,6 +68,9 @@ STAGES: Mapping[str, str] = {
     "parity": "comparing device tokens with the CPU (free-running and teacher-forced; embedding tasks: a cosine "
     "below the threshold)",
     "judge": "the fluency judge of a sharded run (decides only when the CPU check could not run)",
+    "train": "the training check (check = train): the Trainer's set-up and the optimizer steps after the first "
+    "(ERROR), or the per-step losses and gradient norms disagree with the same steps on CPU, a loss is not finite, "
+    "or a graph was compiled again after the first step (FAIL; train_first_bad_step says where)",
     "harness": "the test harness itself (unreadable result, worker lost)",
     "test": "a user's own test (its body, or a fixture of its own): an assertion failed (FAIL) or it raised (ERROR)",
 }
@@ -88,6 +92,12 @@ VERDICT_BASES: Mapping[str, str] = {
         "model): the fluency judge decided alone"
     ),
     "cosine": "embedding tasks: every sentence's cosine with the CPU embedding against cosine_threshold",
+    "train-losses": (
+        "the training check: the device's per-step losses and gradient norms against the same steps of the same "
+        "train.py on CPU (eager, same data and seed): every loss finite, abs(device - cpu) <= "
+        f"{LOSS_ATOL} + {LOSS_RTOL} x abs(cpu) per step, gradient norms within {GRAD_NORM_RTOL:.0%}, and no graph "
+        "compiled again after the first step"
+    ),
     "repeat": "the warm second generate() (or forward) differed from the first: a FAIL at stage generate",
     "run": "the run did not finish (ERROR or TIMEOUT): the exception, signal or timeout decided",
     "plan": "not run: the planner's reason (SKIPPED at stage plan, or ERROR at plan when it could not inspect "
@@ -173,6 +183,68 @@ class Row:
     failure_stage: str | None = field(
         default=None, metadata=_doc("stage that failed (defined below); null on PASS", label="Failed at")
     )
+    check: str = field(
+        default="inference",
+        metadata=_doc(
+            "which check made the row: inference (run.py: compiled greedy generation against the CPU) or train "
+            "(train.py: a few Trainer optimizer steps against the same steps on CPU); a model checked both ways "
+            "has one row of each",
+            label="Check",
+        ),
+    )
+    train_steps: int | None = field(
+        default=None, metadata=_doc("check train: optimizer steps the device run took (max_steps)")
+    )
+    train_batch_size: int | None = field(
+        default=None, metadata=_doc("check train: examples per step per rank, each padded to train_max_length")
+    )
+    train_global_batch: int | None = field(
+        default=None,
+        metadata=_doc(
+            "check train: examples per step over all ranks (FSDP ranks each take their own batch; tensor-parallel "
+            "ranks share one): what the CPU side takes per step in its one process"
+        ),
+    )
+    train_max_length: int | None = field(
+        default=None, metadata=_doc("check train: tokens per example (padding='max_length': fixed shapes)")
+    )
+    train_losses: tuple[float, ...] = field(
+        default=(), metadata=_doc("check train: the device's training loss at each optimizer step, in order")
+    )
+    cpu_train_losses: tuple[float, ...] = field(
+        default=(), metadata=_doc("check train: the CPU's loss at each step (same train.py, eager, same data and seed)")
+    )
+    train_grad_norms: tuple[float, ...] = field(
+        default=(), metadata=_doc("check train: the device's gradient norm (before clipping) at each step")
+    )
+    cpu_train_grad_norms: tuple[float, ...] = field(
+        default=(), metadata=_doc("check train: the CPU's gradient norm at each step")
+    )
+    train_first_bad_step: int | None = field(
+        default=None,
+        metadata=_doc(
+            "check train: the first optimizer step (1-based) whose loss or gradient norm is off the CPU's or not "
+            "finite; null when every step agrees"
+        ),
+    )
+    train_max_loss_delta: float | None = field(
+        default=None, metadata=_doc("check train: the largest abs(device - cpu) loss difference over the steps (nats)")
+    )
+    train_first_step_s: float | None = field(
+        default=None,
+        metadata=_doc("check train: seconds of the first optimizer step, its compile included", label="First step (s)"),
+    )
+    train_steps_per_s: float | None = field(
+        default=None,
+        metadata=_doc("check train: optimizer steps per second after the first (compiled, warm)", label="Steps/s"),
+    )
+    train_state_bytes: int | None = field(
+        default=None,
+        metadata=_doc(
+            "check train: bytes of weights, gradients and optimizer state train.py held (rank 0's shard when "
+            "sharded): what the planner's training memory model (4 x the weights' bytes) estimates"
+        ),
+    )
     error: str | None = field(
         default=None, metadata=_doc("exception type and message, signal, or skip reason", label="Error")
     )
@@ -211,7 +283,18 @@ class Row:
         default=None, metadata=_doc("bytes the weights take on the device in the run dtype (null if not inspected)")
     )
     distributed_config: str | None = field(
-        default=None, metadata=_doc("JSON of the DistributedConfig arguments a sharded run loaded with")
+        default=None,
+        metadata=_doc(
+            "JSON of the DistributedConfig arguments a sharded run loaded with (check train: the one it trained with)"
+        ),
+    )
+    distributed_attempts: str | None = field(
+        default=None,
+        metadata=_doc(
+            "JSON list of the DistributedConfig argument sets tried before distributed_config and why each failed "
+            "(config, error; check train: the stage too, e.g. the Trainer refusing tensor parallelism); null "
+            "when the first one worked or the run was not sharded"
+        ),
     )
     first_core: int | None = field(default=None, metadata=_doc("first core of the leased contiguous range"))
     lease_start: float | None = field(default=None, metadata=_doc("epoch seconds the run started on its lease"))
@@ -224,8 +307,17 @@ class Row:
     compile_backend: str | None = field(default=None, metadata=_doc("torch.compile backend of generate()"))
     prompt: str | None = field(default=None, metadata=_doc("prompt text"))
     max_new_tokens: int | None = field(default=None, metadata=_doc("greedy tokens asked for"))
-    graphs_compiled: int | None = field(default=None, metadata=_doc("graphs compiled by the first generate()"))
-    recompiles: int | None = field(default=None, metadata=_doc("graphs compiled again by the second generate()"))
+    graphs_compiled: int | None = field(
+        default=None,
+        metadata=_doc("graphs compiled by the first generate() (check train: by all the training steps)"),
+    )
+    recompiles: int | None = field(
+        default=None,
+        metadata=_doc(
+            "graphs compiled again by the second generate() (check train: graphs compiled after the first "
+            "optimizer step; fixed shapes need none, so any is a FAIL)"
+        ),
+    )
     run_s: float | None = field(
         default=None,
         metadata=_doc("wall seconds of the device run.py, compile included", label="Run time incl. compile (s)"),
@@ -439,6 +531,7 @@ _ARROW_TYPES: Mapping[str, str] = {
     "bool | None": "bool",
     "tuple[int, ...]": "list<int64>",
     "tuple[str, ...]": "list<string>",
+    "tuple[float, ...]": "list<double>",
 }
 
 #: column name -> Arrow type name, in schema order.

@@ -24,10 +24,10 @@ from .dataset import (
     write_rows,
 )
 from .records import Row
-from .rows import base_row
+from .rows import base_row, training_row
 from .settings import Settings, slug
 from .storage import write_atomic
-from .suite import model_id_of
+from .suite import check_of, model_id_of
 
 ROW_PROPERTY = "neuron_support_row"
 writer_key = pytest.StashKey["ResultsWriter"]()
@@ -109,8 +109,11 @@ class ResultsWriter:
             # A user's test that started a neuron fixture left a marker; a plain test has no row.
             row = crashed_test_row(self.settings, crashitem, report.longrepr, self.started)
         else:
+            row = base_row(model, self.settings)
+            if check_of(crashitem) == "train":
+                row = training_row(row, model, self.settings)
             row = replace(
-                base_row(model, self.settings),
+                row,
                 failure_stage="harness",
                 verdict_basis="run",
                 error=f"the pytest worker died while checking this model: {report.longrepr}",
@@ -149,11 +152,13 @@ class ResultsWriter:
             return
         tr = terminalreporter
         tr.section("neuron-support results")
-        width = max(len(r.model_id) for r in self.rows)
+        # A model's training row is named apart from its inference row (a row per check).
+        names = {id(r): r.model_id if r.check == "inference" else f"{r.model_id} ({r.check})" for r in self.rows}
+        width = max(len(name) for name in names.values())
         tr.write_line(
             f"{'model':<{width}}  {'result':<8} {'stage':<9} {'cores':>5} {'run_s':>8} {'compile_s':>9}  evidence"
         )
-        for row in sorted(self.rows, key=lambda r: r.model_id):
+        for row in sorted(self.rows, key=lambda r: (r.model_id, r.check)):
             run_s = f"{row.run_s:.1f}" if row.run_s is not None else "-"
             compile_s = f"{row.compile_s:.1f}" if row.compile_s is not None else "-"
             cores = row.neuron_cores if row.neuron_cores is not None else "-"
@@ -164,7 +169,7 @@ class ResultsWriter:
                 else ""
             )
             tr.write_line(
-                f"{row.model_id:<{width}}  {row.result:<8} {row.failure_stage or '-':<9} "
+                f"{names[id(row)]:<{width}}  {row.result:<8} {row.failure_stage or '-':<9} "
                 f"{cores:>5} {run_s:>8} {compile_s:>9}  {row.verdict_basis or '-'}{host}"
             )
         counts: dict[str, int] = {}

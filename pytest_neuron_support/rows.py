@@ -14,9 +14,17 @@ from typing import Any
 from . import __version__
 from .catalog import ModelSpec
 from .checks import (
+    GRAD_NORM_RTOL,
+    LOSS_ATOL,
+    LOSS_RTOL,
+    TRAIN_BATCH,
+    TRAIN_MAX_LENGTH,
+    TRAIN_STEPS,
     TeacherForced,
+    TrainParity,
     compare,
     compare_embeddings,
+    compare_training,
     repeat_divergence,
 )
 from .execution import ProcessOutcome
@@ -191,6 +199,7 @@ def with_device_result(row: Row, result: Mapping[str, Any]) -> Row:
         peak_host_rss_bytes=result.get("peak_host_rss_bytes"),
         tokens=tokens,
         distributed_config=json.dumps(result["distributed_config"]) if result.get("distributed_config") else None,
+        distributed_attempts=json.dumps(result["distributed_attempts"]) if result.get("distributed_attempts") else None,
         text=result.get("text"),
         torch=versions.get("torch", row.torch),
         library_version=versions.get("transformers", row.library_version),
@@ -293,3 +302,108 @@ def with_embedding_parity(model: ModelSpec, row: Row, result: Mapping[str, Any],
             f"(sentence {parity.worst_index}) is below the threshold {threshold:g}"
         )
     return replace(row, result="FAIL", failure_stage="parity", error=error)
+
+
+def training_row(row: Row, model: ModelSpec, settings: Settings) -> Row:
+    """A row of the training check before it runs: it generates nothing, so no prompt or token count."""
+    return replace(
+        row,
+        check="train",
+        settings_hash=settings_hash(model, settings, "train"),
+        prompt=None,
+        max_new_tokens=None,
+        train_steps=TRAIN_STEPS,
+        train_batch_size=TRAIN_BATCH,
+        train_max_length=TRAIN_MAX_LENGTH,
+    )
+
+
+def _floats(values: Any) -> tuple[float, ...]:
+    """Per-step values as a list<double> column (an unrecorded value is NaN, so steps stay aligned)."""
+    return tuple(float("nan") if v is None else float(v) for v in values or ())
+
+
+def with_training_result(row: Row, result: Mapping[str, Any]) -> Row:
+    """What train.py measured, into the row's training columns (and the shared timing/memory ones)."""
+    versions = result.get("versions") or {}
+    first_s, steps_per_s = result.get("first_step_s"), result.get("steps_per_s")
+    # Compile cost as for inference: the cold first step minus a warm one.
+    compile_s = round(first_s - 1.0 / steps_per_s, 3) if first_s is not None and steps_per_s else None
+    state = result.get("training_state_bytes") or {}
+    held = [int(state[k]) for k in ("weights", "gradients", "optimizer") if state.get(k) is not None]
+    graphs = result.get("graphs_compiled")
+    trained = result.get("distributed_config") or {}
+    return replace(
+        row,
+        # The sharding that trained, which may not be the plan's first choice (distributed_attempts).
+        tp_size=int(trained.get("tp_size", 1)) if trained else row.tp_size,
+        ep_size=int(trained.get("ep_size", 1)) if trained else row.ep_size,
+        distributed_attempts=json.dumps(result["distributed_attempts"]) if result.get("distributed_attempts") else None,
+        train_global_batch=result.get("global_batch"),
+        train_steps=result.get("steps", row.train_steps),
+        train_losses=_floats(result.get("losses")),
+        train_grad_norms=_floats(result.get("grad_norms")),
+        train_first_step_s=_round(first_s),
+        train_steps_per_s=_round(steps_per_s),
+        train_state_bytes=sum(held) if len(held) == 3 else None,
+        graphs_compiled=graphs,
+        recompiles=result.get("recompiles"),
+        graph_breaks=result.get("graph_breaks"),
+        graph_break_reasons=tuple(result.get("graph_break_reasons") or ()),
+        # Training compiles the forward (its backward comes with it through AOTAutograd): one graph.
+        excess_graphs=None if graphs is None else max(0, int(graphs) - EXPECTED_GRAPHS),
+        load_s=_round(result.get("load_s")),
+        compile_s=compile_s,
+        peak_device_memory_bytes=result.get("peak_device_memory_bytes"),
+        peak_device_memory_by_rank=tuple(m for m in result.get("peak_device_memory_by_rank") or () if m is not None),
+        peak_host_rss_bytes=result.get("peak_host_rss_bytes"),
+        distributed_config=json.dumps(result["distributed_config"]) if result.get("distributed_config") else None,
+        torch=versions.get("torch", row.torch),
+        library_version=versions.get("transformers", row.library_version),
+        neuronx_cc=versions.get("neuronx_cc", row.neuronx_cc),
+        torch_neuronx=versions.get("torch_neuronx", row.torch_neuronx),
+    )
+
+
+def training_verdict(row: Row, device: Mapping[str, Any], cpu: Mapping[str, Any]) -> Row:
+    """PASS when every device loss is finite, each step's loss and gradient norm agree with the CPU's
+    within the documented tolerance (checks.LOSS_*, GRAD_NORM_RTOL), and no graph was compiled after
+    the first step; else a FAIL at stage train naming the first step that went wrong."""
+    parity = compare_training(
+        device.get("losses") or (), cpu.get("losses") or (), device.get("grad_norms") or (), cpu.get("grad_norms") or ()
+    )
+    row = replace(
+        row,
+        verdict_basis="train-losses",
+        cpu_train_losses=_floats(cpu.get("losses")),
+        cpu_train_grad_norms=_floats(cpu.get("grad_norms")),
+        train_first_bad_step=parity.first_bad_step,
+        train_max_loss_delta=parity.max_loss_delta,
+        reference_match=parity.match,
+    )
+    if not parity.match:
+        return replace(row, result="FAIL", failure_stage="train", error=training_error(parity))
+    if row.recompiles:
+        return replace(
+            row,
+            result="FAIL",
+            failure_stage="train",
+            error=f"{row.recompiles} graph(s) compiled again after the first optimizer step: the shapes are not fixed",
+        )
+    return replace(row, result="PASS", failure_stage=None, error=None)
+
+
+def training_error(parity: TrainParity) -> str:
+    step, what = parity.first_bad_step, parity.what
+    if what == "step count":
+        return f"training: the device ran {parity.steps_compared} step(s) comparable with the CPU's, not all of them"
+    if what == "loss not finite":
+        return f"training: the loss at step {step} is not finite ({parity.device_value})"
+    if what == "loss":
+        tolerance = f"tolerance {LOSS_ATOL} + {LOSS_RTOL} x abs(cpu)"
+    else:
+        tolerance = f"tolerance {GRAD_NORM_RTOL:.0%} of the CPU's"
+    return (
+        f"training: loss diverged at step {step}: the {what} is {parity.device_value:.6g} on the device, "
+        f"{parity.cpu_value:.6g} on CPU ({tolerance})"
+    )

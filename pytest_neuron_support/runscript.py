@@ -92,6 +92,54 @@ class RunSpec:
 
 
 @dataclass(frozen=True)
+class TrainSpec:
+    """Everything one train.py needs, written into it verbatim (templates/train.py).
+
+    Attributes:
+        model: Hub id, or absolute path of a local checkpoint.
+        revision: revision to load.
+        dtype: torch dtype name for the weights; ``bfloat16`` also sets ``TrainingArguments(bf16=True)``.
+        device: the device kind's table row.
+        compile: ``TrainingArguments(torch_compile=...)``: device runs compile, the CPU side is eager.
+        compile_backend: ``torch_compile_backend`` when compiling.
+        steps: optimizer steps (``max_steps``).
+        batch_size: ``per_device_train_batch_size``.
+        max_length: every example is padded (``padding="max_length"``) or cut to this many tokens.
+        learning_rate: constant learning rate (no warm-up, no decay, no weight decay).
+        seed: ``TrainingArguments(seed=, data_seed=)`` and ``torch.manual_seed``.
+        texts: the fixed text set, cycled to ``steps x batch_size`` examples in order.
+        trust_remote_code: passed to from_pretrained; True only when catalog and user opt in.
+        post_load: Python run after loading with ``model`` bound (the post-load hook); empty by default.
+        world_size: ranks to spawn (one per leased core); 1 runs in the script's own process.
+        distributed_configs: ``DistributedConfig`` keyword sets to try in order; empty when not sharded.
+    """
+
+    model: str
+    revision: str
+    dtype: str
+    device: DeviceKind
+    compile: bool
+    compile_backend: str
+    steps: int
+    batch_size: int
+    max_length: int
+    learning_rate: float
+    seed: int
+    texts: tuple[str, ...]
+    trust_remote_code: bool = False
+    post_load: str = ""
+    world_size: int = 1
+    distributed_configs: tuple[dict[str, Any], ...] = ()
+
+    def to_spec(self) -> dict[str, Any]:
+        spec = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        spec["device"] = self.device.as_runscript_spec()
+        spec["distributed_configs"] = [dict(c) for c in self.distributed_configs]
+        spec["texts"] = list(self.texts)
+        return spec
+
+
+@dataclass(frozen=True)
 class JudgeSpec:
     """What judge.py asks: is ``text`` fluent English, according to ``judge_model``?
 
@@ -135,13 +183,24 @@ def render(spec: RunSpec) -> str:
     return _fill(source, spec.to_spec())
 
 
+def render_train(spec: TrainSpec) -> str:
+    """The train.py source for ``spec``."""
+    source = (
+        template("train.py")
+        .replace("@@MODEL@@", spec.model)
+        .replace("@@DEVICE@@", spec.device.name)
+        .replace("@@VERSION@@", __version__)
+    )
+    return _fill(source, spec.to_spec())
+
+
 def render_judge(spec: JudgeSpec) -> str:
     """The judge.py source for ``spec``."""
     return _fill(template("judge.py").replace("@@VERSION@@", __version__), dataclasses.asdict(spec))
 
 
 def render_and_run(
-    spec: RunSpec,
+    spec: RunSpec | TrainSpec,
     directory: Path,
     *,
     env: Mapping[str, str],
@@ -150,13 +209,14 @@ def render_and_run(
     memory_limit: int | None = None,
     cancel: threading.Event | None = None,
 ) -> tuple[str, ProcessOutcome]:
-    """Write ``spec``'s run.py into ``directory`` and run it isolated there (result.json, log.txt
-    beside it); returns the source that ran and how its process ended."""
+    """Write ``spec``'s run.py (a TrainSpec's train.py) into ``directory`` and run it isolated there
+    (result.json, log.txt beside it); returns the source that ran and how its process ended."""
     from .execution import run_script
 
     directory.mkdir(parents=True, exist_ok=True)
-    source = render(spec)
-    script = directory / "run.py"
+    training = isinstance(spec, TrainSpec)
+    source = render_train(spec) if isinstance(spec, TrainSpec) else render(spec)
+    script = directory / ("train.py" if training else "run.py")
     script.write_text(source, encoding="utf-8")
     outcome = run_script(
         script,

@@ -16,6 +16,11 @@ from .checks import (
     DEFAULT_JUDGE,
     DEFAULT_MIN_COSINE,
     EMBEDDING_SENTENCES,
+    TRAIN_BATCH,
+    TRAIN_LEARNING_RATE,
+    TRAIN_MAX_LENGTH,
+    TRAIN_STEPS,
+    TRAIN_TEXTS,
 )
 from .cores import CorePool, neuron_owners
 from .devices import DeviceKind
@@ -134,7 +139,7 @@ def timeout_of(model: ModelSpec, settings: Settings) -> float:
     return settings.model_timeout if model.timeout is None else model.timeout
 
 
-def settings_hash(model: ModelSpec, settings: Settings) -> str:
+def settings_hash(model: ModelSpec, settings: Settings, check: str = "inference") -> str:
     """What makes two rows of one model on one stack comparable: a rerun with the same hash
     would repeat the same check (``--resume`` skips it)."""
     parts = [
@@ -157,6 +162,9 @@ def settings_hash(model: ModelSpec, settings: Settings) -> str:
     ]
     if model.embedding:
         parts += [repr(min_cosine_of(model)), *EMBEDDING_SENTENCES]
+    if check != "inference":
+        # The training check's own settings (its rows never stand for an inference row, nor back).
+        parts += [check, *map(repr, (TRAIN_STEPS, TRAIN_BATCH, TRAIN_MAX_LENGTH, TRAIN_LEARNING_RATE)), *TRAIN_TEXTS]
     return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:16]
 
 

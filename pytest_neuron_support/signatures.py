@@ -16,7 +16,8 @@ How it is made, in order:
 2. Verdict failures are bucketed, not read: a FAIL at ``parity`` by where the tokens first went
    wrong (:data:`BUCKETS`, from ``first_divergence`` / ``first_disagreement``), whether the
    free-running comparison, the teacher-forced check or both failed, and whether it was a near-tie;
-   a FAIL at ``generate`` (the warm run differs) by ``repeat_divergence``; a judge's "not fluent"
+   a FAIL at ``generate`` (the warm run differs) by ``repeat_divergence``; a FAIL at ``train`` by the
+   step it first went wrong at (``train: loss diverged at step 2``); a judge's "not fluent"
    is one signature whatever the text was.
 3. Out-of-memory errors, phrased differently by torch, CUDA, the Neuron runtime and the host
    allocator (:data:`OUT_OF_MEMORY`), become one canonical message per kind of memory.
@@ -82,6 +83,8 @@ class Outcome(Protocol):
     def disagreements_near_tie(self) -> bool | None: ...
     @property
     def repeat_divergence(self) -> int | None: ...
+    @property
+    def train_first_bad_step(self) -> int | None: ...
 
 
 @dataclass(frozen=True)
@@ -302,6 +305,16 @@ def _subject(message: str) -> str | None:
     return module.group(1) if module else None
 
 
+def _training(row: Outcome, error: str) -> str:
+    """A training FAIL by what went wrong and at which step (a check runs a handful of steps, so the
+    step itself is the bucket): ``loss diverged at step 2``, ``loss not finite at step 1``."""
+    if "compiled again" in error:
+        return "graphs compiled again after the first step"
+    step = row.train_first_bad_step
+    what = "loss not finite" if "not finite" in error else "loss diverged"
+    return f"{what} at step {step}" if step is not None else f"{what}: fewer steps than the CPU's"
+
+
 def signature(row: Outcome) -> str | None:
     """The row's failure signature (see the module doc); None for PASS, SKIPPED and EXCLUDED."""
     if row.result not in BLOCKING:
@@ -316,6 +329,8 @@ def signature(row: Outcome) -> str | None:
         return f"generate: the warm second generate() differs from the first at {bucket(row.repeat_divergence)}"
     if row.result == "FAIL" and stage == "judge" and "not fluent" in error:
         return "judge: the text was judged not fluent"
+    if row.result == "FAIL" and stage == "train":
+        return f"train: {_training(row, error)}"
     text = head(error)
     # "killed by SIGKILL (host out of memory?)" is the harness's guess, not an allocator's report.
     memory = None if _KILLED.search(text) else _out_of_memory(text)

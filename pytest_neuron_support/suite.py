@@ -1,8 +1,11 @@
-"""The catalog suite: one test, parametrized over the catalog, written with the public fixtures.
+"""The catalog suite: one test per check, parametrized over the catalog, written with the public fixtures.
 
-Every entry of ``models.yaml`` (and every ``--model``) is one item of :func:`test_model`, its id the
-Hub id (``models.yaml::test_model[Qwen/Qwen3-0.6B]``), so ``-k qwen`` selects by id and by the
-entry's tags. The item's fixtures do what a user's own test would compose: ``neuron_model`` (the
+Every entry of ``models.yaml`` (and every ``--model``) is one item of :func:`test_model` (the
+inference check), its id the Hub id (``models.yaml::test_model[Qwen/Qwen3-0.6B]``), so ``-k qwen``
+selects by id and by the entry's tags; an entry that asks for the training check (``checks: [...,
+train]``, or ``--check train``) is also an item of :func:`test_training`
+(``models.yaml::test_training[Qwen/Qwen3-0.6B]``: ``-k training`` selects those, ``-k "not training"``
+the rest). The item's fixtures do what a user's own test would compose: ``neuron_model`` (the
 entry; an excluded one is skipped with its reason), ``neuron_plan`` (the plan the controller made),
 and ``neuron_check``, which leases the plan's cores, runs run.py on the device and the CPU checks
 and returns the row. The verdict is the plain ``assert`` below; when it fails, pytest shows the
@@ -14,6 +17,8 @@ file pytest finds on its own, so the plugin works wherever it is installed.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 import pytest
@@ -21,16 +26,26 @@ import pytest
 if TYPE_CHECKING:
     from .fixtures import ModelCheck
 
-#: The catalog test's name: its items are ``test_model[<Hub id>]``.
+#: The catalog's inference test: its items are ``test_model[<Hub id>]``.
 TEST_NAME = "test_model"
+#: check -> the catalog test that makes it (each parametrized over the entries that ask for it).
+TEST_NAMES: Mapping[str, str] = MappingProxyType({"inference": TEST_NAME, "train": "test_training"})
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """One item per catalog model, the model spec handed to ``neuron_model`` (indirect)."""
+    """One item per catalog model that this test's check applies to, the model spec handed to
+    ``neuron_model`` (indirect)."""
+    from .catalog import checks_of
     from .controller import catalog_key
+    from .options import options_key
 
-    models = metafunc.config.stash.get(catalog_key, ())
-    metafunc.parametrize("neuron_model", list(models), ids=[model.id for model in models], indirect=True)
+    check = next(c for c, name in TEST_NAMES.items() if name == metafunc.function.__name__)
+    options = metafunc.config.stash.get(options_key, None)
+    selected = None if options is None else options.checks
+    models = [m for m in metafunc.config.stash.get(catalog_key, ()) if check in checks_of(m, selected)]
+    # No entry asks for this check: pytest makes one "empty parameter set" item, which
+    # items.CatalogFile drops (a check nobody asked for is no item at all).
+    metafunc.parametrize("neuron_model", models, ids=[model.id for model in models], indirect=True)
 
 
 def test_model(neuron_check: ModelCheck) -> None:
@@ -38,14 +53,32 @@ def test_model(neuron_check: ModelCheck) -> None:
     assert neuron_check.result == "PASS"
 
 
-def item_name(model_id: str) -> str:
-    """The name of a catalog model's item (the last part of its node id)."""
-    return f"{TEST_NAME}[{model_id}]"
+def test_training(neuron_train_check: ModelCheck) -> None:
+    """Does this Hub model fine-tune unmodified on the device? PASS when a few Trainer steps' losses are
+    finite, agree with the same steps on CPU step by step, and nothing recompiles after the first."""
+    assert neuron_train_check.result == "PASS"
+
+
+def item_name(model_id: str, check: str = "inference") -> str:
+    """The name of a catalog model's item for ``check`` (the last part of its node id)."""
+    return f"{TEST_NAMES[check]}[{model_id}]"
+
+
+def _parse(nodeid: str) -> tuple[str, str] | None:
+    name = nodeid.rsplit("::", 1)[-1]
+    for check, test in TEST_NAMES.items():
+        if name.startswith(f"{test}[") and name.endswith("]"):
+            return name[len(test) + 1 : -1], check
+    return None
 
 
 def model_id_of(nodeid: str) -> str | None:
     """The model id of a catalog item's node id; None for any other test."""
-    name = nodeid.rsplit("::", 1)[-1]
-    if name.startswith(f"{TEST_NAME}[") and name.endswith("]"):
-        return name[len(TEST_NAME) + 1 : -1]
-    return None
+    parsed = _parse(nodeid)
+    return None if parsed is None else parsed[0]
+
+
+def check_of(nodeid: str) -> str | None:
+    """The check a catalog item's node id makes (``inference``, ``train``); None for any other test."""
+    parsed = _parse(nodeid)
+    return None if parsed is None else parsed[1]

@@ -36,8 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__, neffcache
+from .catalog import CHECKS, Catalog
 from .catalog import TASKS as CATALOG_TASKS
-from .catalog import Catalog
 from .dataset import read_dataset, stack_stem
 from .devices import DEVICES
 from .hub import TASKS as HUB_TASKS
@@ -63,6 +63,7 @@ TABLE_COLUMNS: tuple[str, ...] = (
     "run_s",
     "peak_device_memory_bytes",
     "task",
+    "check",
     "failure_stage",
     "verdict_basis",
     "error",
@@ -79,6 +80,17 @@ DETAIL_COLUMNS: tuple[str, ...] = (
     "error",
     "signature",
     "verdict_basis",
+    "check",
+    "train_first_bad_step",
+    "train_losses",
+    "cpu_train_losses",
+    "train_grad_norms",
+    "cpu_train_grad_norms",
+    "train_max_loss_delta",
+    "train_first_step_s",
+    "train_steps_per_s",
+    "train_state_bytes",
+    "recompiles",
     "cpu_check",
     "positions_checked",
     "positions_disagreeing",
@@ -101,6 +113,8 @@ DETAIL_COLUMNS: tuple[str, ...] = (
     "ep_size",
     "plan_reason",
     "distributed_config",
+    "distributed_attempts",
+    "train_global_batch",
     "parameters",
     "weight_bytes",
     "run_s",
@@ -172,7 +186,12 @@ def run_command(row: Row) -> str:
         if neff_sync_command(row.neuronx_cc) is not None:
             env[device.compile_cache_env] = NEFF_CACHE_DIR
     prefix = "".join(f"{key}={shlex.quote(value)} " for key, value in env.items())
-    return f"{prefix}python3 run.py --out result.json"
+    return f"{prefix}python3 {script_name(row)} --out result.json"
+
+
+def script_name(row: Row) -> str:
+    """The file the row's script is saved as: run.py, or train.py for the training check."""
+    return "train.py" if row.check == "train" else "run.py"
 
 
 @dataclass(frozen=True)
@@ -189,6 +208,7 @@ class Reproduction:
         install: pip commands to run on top of the base image, in order.
         sync: the NEFF-cache sync command for the row's compiler; None off Trainium.
         run: the command that runs run.py.
+        script: the script's file name: ``run.py``, or ``train.py`` for a training row.
     """
 
     model_id: str
@@ -200,6 +220,7 @@ class Reproduction:
     install: tuple[str, ...]
     sync: str | None
     run: str
+    script: str = "run.py"
 
     def instructions(self) -> str:
         """The shell lines to paste (comments say what each part is), without run.py itself."""
@@ -210,7 +231,7 @@ class Reproduction:
             lines += ["# the compiled graphs (NEFF cache) for this compiler:", self.sync]
         else:
             lines.append("# no NEFF cache: this row did not run with neuronx-cc")
-        lines += ["# save the run.py below as run.py, then:", self.run]
+        lines += [f"# save the {self.script} below as {self.script}, then:", self.run]
         return "\n".join(lines) + "\n"
 
 
@@ -226,6 +247,7 @@ def reproduction(row: Row, extra_packages: Sequence[str] = ()) -> Reproduction:
         install=install_commands(row, extra_packages),
         sync=neff_sync_command(row.neuronx_cc),
         run=run_command(row),
+        script=script_name(row),
     )
 
 
@@ -321,7 +343,7 @@ def report_data(rows: Sequence[Row], catalog: Catalog | None, hub_view: HubView)
         )
     default_stack = max(stacks, key=lambda s: (s["newest"], s["stem"]))["stem"] if stacks else None
     row_dicts = []
-    for row in sorted(rows, key=lambda r: (stack_stem(r), r.model_id, r.device)):
+    for row in sorted(rows, key=lambda r: (stack_stem(r), r.model_id, r.device, r.check)):
         again = reproduction(row, extra.get(row.model_id, ()))
         record = {name: _json_value(value) for name, value in dataclasses.asdict(row).items()}
         record.update(
@@ -369,6 +391,8 @@ def report_data(rows: Sequence[Row], catalog: Catalog | None, hub_view: HubView)
         "results": dict(RESULTS),
         "stages": dict(STAGES),
         "tasks": tasks,
+        # The check filter: a model checked both ways has one row (and one table line) per check.
+        "checks": list(CHECKS),
         "stacks": stacks,
         "default_stack": default_stack,
         "rows": row_dicts,

@@ -102,6 +102,7 @@ LONGEST_FIRST = (
     "tests/test_doctor.py::test_cpu_passes_every_check",
     "tests/test_promises.py::test_resume_reruns",
     "tests/test_sweep.py::test_parity_failure_and_load_error",
+    "tests/test_training.py::test_the_tiny_zoo_trains_on_cpu",
     "tests/test_promises.py::test_near_tie",
     "tests/test_doctor.py::test_rows_record_the_self_check",
     "tests/test_tasks.py::test_vlm_and_real_minilm",

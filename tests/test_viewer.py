@@ -709,3 +709,36 @@ def test_a_missing_browser_fails_the_browser_tests_when_required(
     failed = pytester.runpytest_subprocess(*args)
     failed.assert_outcomes(errors=1)
     failed.stdout.fnmatch_lines([f"*{REQUIRE_BROWSER}=1 requires them*"])
+
+
+def test_the_check_filter_tells_a_models_training_row_from_its_inference_row(browser: Any, tmp_path: Path) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    losses = {"train_losses": (8.1, 11.2, 6.4), "cpu_train_losses": (8.1, 11.2, 6.3)}
+    write_rows(
+        tmp_path / "results",
+        [
+            make_row("org/alpha-1b", "PASS", NEW),
+            make_row(
+                "org/alpha-1b", "FAIL", NEW, check="train", failure_stage="train", train_first_bad_step=2, **losses
+            ),
+        ],
+    )
+    catalog = tmp_path / "models.yaml"
+    catalog.write_text("models:\n  - {id: org/alpha-1b, task: text-generation, checks: [inference, train]}\n")
+    report = ("report", "--results-dir", str(tmp_path / "results"), "--models-file", str(catalog))
+    done = cli(*report, "--out", str(tmp_path / "s"), "--no-hub")
+    assert done.returncode == 0, done.stderr
+    browser.get((tmp_path / "s" / "index.html").as_uri())
+    assert wait_for(lambda: browser.execute_script("return document.body.dataset.ready") == "true")
+
+    def checks() -> list[str]:
+        rows = browser.find_elements(By.CSS_SELECTOR, "#models tbody tr")
+        return sorted(tr.get_attribute("data-check") for tr in rows)
+
+    assert wait_for(lambda: checks() == ["inference", "train"])  # both rows, side by side
+    Select(browser.find_element(By.ID, "check")).select_by_value("train")
+    assert wait_for(lambda: table(browser) == {"org/alpha-1b": "FAIL"})
+    Select(browser.find_element(By.ID, "check")).select_by_value("inference")
+    assert wait_for(lambda: table(browser) == {"org/alpha-1b": "PASS"})
