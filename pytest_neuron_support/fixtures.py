@@ -19,7 +19,7 @@ import inspect
 import os
 import time
 import uuid
-from collections.abc import Generator, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
@@ -775,48 +775,7 @@ def neuron_check(request: pytest.FixtureRequest, neuron_model: ModelSpec, neuron
     the evidence (matched prefix, first divergence, both tokens, their gap). A plan that cannot run
     here (more cores than the pool) skips the test, SKIPPED at stage ``plan``.
     """
-    node: pytest.Item = request.node
-    config = request.config
-    evidence = evidence_of(node)
-    settings = session_settings(config)
-    if catalog_items.model_key in node.stash:
-        done = config.stash.get(controller.recorded_key, {}).get((neuron_model.id, settings.device.name, "inference"))
-        if done is not None and done[1] == settings_hash(neuron_model, settings):
-            evidence.resumed = True
-            pytest.skip(f"resumed: {done[0]} already recorded for this stack and settings")
-        directory = settings.results_dir / "runs" / slug(neuron_model.id) / settings.device.name
-    else:
-        directory = _workdir(settings, node)
-    row = planned_row(neuron_model, settings, neuron_plan)
-    if row.failure_stage != "plan":  # SKIPPED or ERROR at plan: nothing to run
-        post_load = config.hook.pytest_neuron_support_post_load(config=config, model=neuron_model) or ""
-        lease: CoreLease = request.getfixturevalue("neuron_cores")
-        planned = row
-        try:
-            row = run_model(
-                neuron_model,
-                settings,
-                neuron_plan,
-                cores=(lease.first, lease.count),
-                post_load=post_load,
-                workdir=directory,
-                planned=row,
-                # The verdict needs no cores: free them once the device run ends.
-                release=lease.release,
-            )
-        except Exception as exc:  # the harness itself broke (disk full, ...): still a row
-            row = replace(
-                planned,
-                result="ERROR",
-                failure_stage="harness",
-                verdict_basis="run",
-                error=f"{type(exc).__name__}: {exc}",
-            )
-    evidence.row = row
-    if row.result == "SKIPPED":
-        evidence.skip_stage = row.failure_stage
-        pytest.skip(f"skipped: {row.error}")
-    return ModelCheck(row, directory)
+    return _check(request, neuron_model, neuron_plan, CHECK_KINDS["inference"])
 
 
 @pytest.fixture
@@ -832,25 +791,61 @@ def neuron_train_check(request: pytest.FixtureRequest, neuron_model: ModelSpec, 
     documented tolerance, and no graph was compiled after the first step; else FAIL at stage ``train``
     naming the first step that went wrong. The lease is released the moment the device run ends.
     """
+    return _check(request, neuron_model, neuron_plan, CHECK_KINDS["train"])
+
+
+@dataclass(frozen=True)
+class CheckKind:
+    """How one kind of check (a row's ``check``) runs, for the fixture that runs it.
+
+    Attributes:
+        name: the row's ``check`` (``inference``, ``train``); also the key ``--resume`` looks up.
+        folder: the run folder under the model's, ``""`` for the model's own.
+        planned: turns the planned row into this check's planned row.
+        run: runs the check under the lease and returns its row (``pipeline.run_model`` or
+            ``pipeline.run_training``; same keyword arguments).
+    """
+
+    name: str
+    folder: str
+    planned: Callable[[Row, ModelSpec, Settings], Row]
+    run: Callable[..., Row]
+
+
+#: The check kinds, in one table (``neuron_check`` and ``neuron_train_check`` differ only here).
+CHECK_KINDS: Mapping[str, CheckKind] = MappingProxyType(
+    {
+        "inference": CheckKind("inference", "", lambda row, model, settings: row, run_model),
+        "train": CheckKind("train", "train", training_row, run_training),
+    }
+)
+
+
+def _check(request: pytest.FixtureRequest, neuron_model: ModelSpec, neuron_plan: Plan, kind: CheckKind) -> ModelCheck:
+    """One check of the test's model, as a catalog item runs it: resumed (skipped) when this stack
+    already has its row with the same settings, else the plan's lease, the run, and the row; a
+    harness failure is a row too (ERROR at ``harness``)."""
     node: pytest.Item = request.node
     config = request.config
     evidence = evidence_of(node)
     settings = session_settings(config)
     if catalog_items.model_key in node.stash:
-        done = config.stash.get(controller.recorded_key, {}).get((neuron_model.id, settings.device.name, "train"))
-        if done is not None and done[1] == settings_hash(neuron_model, settings, "train"):
+        done = config.stash.get(controller.recorded_key, {}).get((neuron_model.id, settings.device.name, kind.name))
+        if done is not None and done[1] == settings_hash(neuron_model, settings, kind.name):
             evidence.resumed = True
             pytest.skip(f"resumed: {done[0]} already recorded for this stack and settings")
-        directory = settings.results_dir / "runs" / slug(neuron_model.id) / settings.device.name / "train"
+        directory = settings.results_dir / "runs" / slug(neuron_model.id) / settings.device.name
     else:
-        directory = _workdir(settings, node) / "train"
-    row = training_row(planned_row(neuron_model, settings, neuron_plan), neuron_model, settings)
+        directory = _workdir(settings, node)
+    if kind.folder:
+        directory = directory / kind.folder
+    row = kind.planned(planned_row(neuron_model, settings, neuron_plan), neuron_model, settings)
     if row.failure_stage != "plan":  # SKIPPED or ERROR at plan: nothing to run
         post_load = config.hook.pytest_neuron_support_post_load(config=config, model=neuron_model) or ""
         lease: CoreLease = request.getfixturevalue("neuron_cores")
         planned = row
         try:
-            row = run_training(
+            row = kind.run(
                 neuron_model,
                 settings,
                 neuron_plan,
@@ -858,6 +853,7 @@ def neuron_train_check(request: pytest.FixtureRequest, neuron_model: ModelSpec, 
                 post_load=post_load,
                 workdir=directory,
                 planned=row,
+                # The verdict needs no cores: free them once the device run ends.
                 release=lease.release,
             )
         except Exception as exc:  # the harness itself broke (disk full, ...): still a row
