@@ -37,7 +37,7 @@ from .cores import SLICE_ENV, CorePool, Lease
 from .devices import DeviceKind
 from .execution import ProcessOutcome
 from .explain import Verdict
-from .pipeline import ReferenceRun, judge_row, plan_model, run_model, run_spec, run_training
+from .pipeline import ReferenceRun, device_run_env, judge_row, plan_model, run_model, run_spec, run_training
 from .planning import Plan
 from .records import Row
 from .redaction import scrub
@@ -53,7 +53,7 @@ from .rows import (
     with_parity,
 )
 from .runscript import RunSpec, render_and_run
-from .settings import Settings, core_pool, min_cosine_of, settings_hash, slug, timeout_of
+from .settings import Settings, core_pool, min_cosine_of, run_dir, settings_hash, timeout_of
 
 #: The fixtures this module provides; a test that uses any of them gets a row.
 FIXTURES: tuple[str, ...] = (
@@ -649,9 +649,7 @@ def neuron_run(
     spec = run_spec(
         neuron_model, settings, device=settings.device, reference=False, post_load=post_load, plan=neuron_plan
     )
-    device_env = {**environ, **neuron_cores.env}
-    if settings.compile_cache is not None:
-        device_env[settings.device.compile_cache_env] = str(settings.compile_cache)
+    device_env = device_run_env(settings, environ, neuron_cores.env)
     try:
         source, outcome = render_and_run(
             spec,
@@ -834,7 +832,7 @@ def _check(request: pytest.FixtureRequest, neuron_model: ModelSpec, neuron_plan:
         if done is not None and done[1] == settings_hash(neuron_model, settings, kind.name):
             evidence.resumed = True
             pytest.skip(f"resumed: {done[0]} already recorded for this stack and settings")
-        directory = settings.results_dir / "runs" / slug(neuron_model.id) / settings.device.name
+        directory = run_dir(settings.results_dir, settings.device.name, neuron_model.id)
     else:
         directory = _workdir(settings, node)
     if kind.folder:

@@ -57,7 +57,7 @@ from .rows import (
     with_training_result,
 )
 from .runscript import JudgeSpec, RunSpec, TrainSpec, render_and_run, render_judge
-from .settings import IMAGE_SIZE, Settings, prompt_of, slug, timeout_of
+from .settings import IMAGE_SIZE, Settings, prompt_of, run_dir, timeout_of
 
 #: Host memory the CPU check needs per byte of weights in its dtype (activations, logits, the
 #: interpreter and the library around them).
@@ -280,6 +280,15 @@ class ReferenceRun:
             self._thread.join()
 
 
+def device_run_env(settings: Settings, environ: Mapping[str, str], pinned: Mapping[str, str]) -> dict[str, str]:
+    """The environment of a device run: the caller's, the lease's pinning (the device's core
+    variable) and, with ``--neff-cache``, the device's compile cache variable."""
+    env = {**environ, **pinned}
+    if settings.compile_cache is not None:
+        env[settings.device.compile_cache_env] = str(settings.compile_cache)
+    return env
+
+
 def run_model(
     model: ModelSpec,
     settings: Settings,
@@ -303,10 +312,8 @@ def run_model(
     planned = planned_row(model, settings, plan) if planned is None else planned
     row = replace(planned, first_core=first, lease_start=round(time.time(), 3))
     if workdir is None:
-        workdir = settings.results_dir / "runs" / slug(model.id) / settings.device.name
-    device_env = {**environ, **settings.device.pin_cores(first, count)}
-    if settings.compile_cache is not None:
-        device_env[settings.device.compile_cache_env] = str(settings.compile_cache)
+        workdir = run_dir(settings.results_dir, settings.device.name, model.id)
+    device_env = device_run_env(settings, environ, settings.device.pin_cores(first, count))
     sharded = plan.cores > 1
     # The free-running CPU reference: the seed's exact parity for one-core runs, and the embeddings
     # an embedding task is compared with. A sharded generation run is checked teacher-forced only:
@@ -395,23 +402,24 @@ def run_training(
     planned = training_row(planned_row(model, settings, plan), model, settings) if planned is None else planned
     row = replace(planned, first_core=first, lease_start=round(time.time(), 3))
     if workdir is None:
-        workdir = settings.results_dir / "runs" / slug(model.id) / settings.device.name / "train"
-    device_env = {**environ, **settings.device.pin_cores(first, count)}
-    if settings.compile_cache is not None:
-        device_env[settings.device.compile_cache_env] = str(settings.compile_cache)
+        workdir = run_dir(settings.results_dir, settings.device.name, model.id) / "train"
+    device_env = device_run_env(settings, environ, settings.device.pin_cores(first, count))
     cpu_spec = train_spec(model, settings, device=DEVICES["cpu"], reference=True, post_load="", plan=None)
     short = _cpu_train_memory_shortfall(row, cpu_spec, settings)
     cpu_outcome: list[ProcessOutcome] = []
     cancel = threading.Event()
 
-    def cpu_side() -> None:
-        cpu_outcome.append(_execute(cpu_spec, workdir / "cpu", _cpu_env(environ), settings, model, cancel=cancel)[1])
+    def start_cpu_side(spec: TrainSpec) -> threading.Thread:
+        def run() -> None:
+            cpu_outcome.append(_execute(spec, workdir / "cpu", _cpu_env(environ), settings, model, cancel=cancel)[1])
+
+        thread = threading.Thread(target=run, name="neuron-support-train-cpu", daemon=True)
+        thread.start()
+        return thread
 
     # Beside a one-core device run: the CPU steps need no cores, so the item takes the longer of the two.
-    thread = threading.Thread(target=cpu_side, name="neuron-support-train-cpu", daemon=True)
     sharded = plan.cores > 1
-    if short is None and not sharded:
-        thread.start()
+    cpu_side = start_cpu_side(cpu_spec) if short is None and not sharded else None
     spec = train_spec(model, settings, device=settings.device, reference=False, post_load=post_load, plan=plan)
     try:
         source, outcome = _execute(spec, workdir / "device", device_env, settings, model)
@@ -428,7 +436,8 @@ def run_training(
         row = with_training_result(row, result)
     if result is None or not result.get("ok"):
         cancel.set()
-        thread.join() if thread.is_alive() else None
+        if cpu_side is not None:
+            cpu_side.join()
         status, stage, error = failure_of(outcome, "train.py")
         return replace(
             row,
@@ -439,11 +448,10 @@ def run_training(
         )
     if short is not None:
         return replace(row, result="ERROR", failure_stage="reference", verdict_basis="run", error=short)
-    if sharded:
+    if cpu_side is None:  # sharded: once train.py said how many examples a step took over its ranks
         cpu_spec = replace(cpu_spec, batch_size=int(result.get("global_batch") or cpu_spec.batch_size))
-        thread = threading.Thread(target=cpu_side, name="neuron-support-train-cpu", daemon=True)
-        thread.start()
-    thread.join()
+        cpu_side = start_cpu_side(cpu_spec)
+    cpu_side.join()
     cpu = cpu_outcome[0]
     row = replace(row, reference_dtype=cpu_spec.dtype, reference_s=round(cpu.wall_s, 3), reference_cached=False)
     if cpu.result is None or not cpu.result.get("ok"):

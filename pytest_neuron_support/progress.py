@@ -27,7 +27,7 @@ import pytest
 
 from .execution import last_stage
 from .reporting import row_from_report
-from .settings import slug
+from .settings import run_dir
 from .storage import write_atomic
 from .suite import check_of
 
@@ -87,7 +87,7 @@ def label(nodeid: str, model_id: str) -> str:
 
 def stage_of(results_dir: Path, device: str, model_id: str, since: float, check: str = "inference") -> str:
     """The stage a running model is at, from what its run folder holds (written after ``since``)."""
-    runs = results_dir / "runs" / slug(model_id) / device
+    runs = run_dir(results_dir, device, model_id)
     if check == "train":
         # train.py's own markers (load, compile = step 1, train), then the CPU side's steps.
         runs = runs / "train"

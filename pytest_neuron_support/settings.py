@@ -108,6 +108,12 @@ def slug(model_id: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "--", model_id.strip("/")) or "model"
 
 
+def run_dir(results_dir: Path, device: str, model_id: str) -> Path:
+    """A catalog model's run folder on ``device``: its run.py, result and log, per run kind
+    (``device``, ``reference``, ``cpu-check``, ``judge``; the training check's under ``train``)."""
+    return results_dir / "runs" / slug(model_id) / device
+
+
 #: The text turn after the image of an image-text-to-text entry that sets no prompt, while the
 #: session's --prompt is the default (a text continuation prompt says nothing about an image).
 IMAGE_PROMPT = "Describe this image."
