@@ -74,6 +74,33 @@ def offline_hub(tiny_zoo_cache: Path, monkeypatch: pytest.MonkeyPatch) -> Iterat
     yield tiny_zoo_cache
 
 
+@pytest.fixture(scope="session")
+def _suite_reference_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One cache home for the whole test run, shared by its xdist workers: each worker's basetemp
+    is ``<run's basetemp>/popen-gwN``, so the run's own basetemp is their common parent (and a new
+    run starts from an empty one)."""
+    base = tmp_path_factory.getbasetemp()
+    home = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "shared-cache-home"
+    home.mkdir(exist_ok=True)
+    return home
+
+
+@pytest.fixture
+def shared_references(_suite_reference_home: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The sessions this test starts keep their CPU references in one cache shared with every other
+    test that asks for this fixture, as sessions on a user's machine share ``~/.cache`` (pytester
+    gives each test a HOME of its own, so by default each would rerun every reference).
+
+    ``NEURON_SUPPORT_CACHE`` is the plugin's cache home: ``--reference-cache`` defaults to its
+    ``reference`` folder. A reference is keyed by everything that shapes it (model commit, prompt,
+    tokens, dtype, versions: ``caches.reference_key``), so a hit is the very result a run would give.
+    Only for tests that check something other than the reference run itself: a test that reads
+    ``runs/.../reference`` or asserts ``reference_cached`` must not ask for it (it would hit or
+    miss depending on which tests ran before it)."""
+    monkeypatch.setenv("NEURON_SUPPORT_CACHE", str(_suite_reference_home))
+    return _suite_reference_home / "reference"
+
+
 @pytest.fixture
 def process_tag(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """A tag unique to this test, in the environment every process it starts inherits (pytester

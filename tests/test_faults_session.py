@@ -18,6 +18,7 @@ from faultkit import catalog
 pytestmark = pytest.mark.slow
 
 
+@pytest.mark.usefixtures("shared_references")
 def test_a_killed_session_keeps_finished_rows_and_resume_runs_the_rest_once(
     pytester: pytest.Pytester, offline_hub: Path
 ) -> None:

@@ -34,6 +34,7 @@ def _session(workdir: Path, models: list[str], env: dict[str, str], *args: str) 
     )
 
 
+@pytest.mark.usefixtures("shared_references")
 def test_two_concurrent_sessions_over_one_slice_never_double_book_a_core(
     pytester: pytest.Pytester, offline_hub: Path, tmp_path: Path
 ) -> None:

@@ -23,6 +23,7 @@ def _status(cwd: Path, results: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=60)
 
 
+@pytest.mark.usefixtures("shared_references")
 def test_progress_lines_and_status_from_another_shell(pytester: pytest.Pytester, offline_hub: Path) -> None:
     pytester.makefile(".yaml", models=catalog("tiny-random/qwen3", "tiny-random/gpt2"))
     args = ["--device=cpu", "-n", "2", "--neuron-cores=1", "--results-dir=out", "--progress-interval=2"]
@@ -68,6 +69,7 @@ def test_progress_lines_and_status_from_another_shell(pytester: pytest.Pytester,
     assert after[1].startswith("0 running, 2 done, 0 waiting of 2") and "(2 PASS)" in after[1], after
 
 
+@pytest.mark.usefixtures("shared_references")
 def test_quiet_sweeps_print_no_progress(pytester: pytest.Pytester, offline_hub: Path) -> None:
     pytester.makefile(".yaml", models=catalog("tiny-random/gpt2"))
     result = pytester.runpytest_subprocess("--device=cpu", "--results-dir=out", "--progress-interval=1", "-q")

@@ -15,6 +15,7 @@ from faultkit import catalog
 pytestmark = pytest.mark.slow
 
 
+@pytest.mark.usefixtures("shared_references")
 def test_device_auto_runs_on_what_torch_sees(pytester: pytest.Pytester, offline_hub: Path) -> None:
     pytester.makefile(".yaml", models=catalog("tiny-random/qwen3"))
     result = pytester.runpytest_subprocess("--device=auto", "--results-dir=out", "-p", "no:cacheprovider")
@@ -35,6 +36,7 @@ def test_more_cores_than_allowed_is_a_skipped_row_at_plan(pytester: pytest.Pytes
     assert not (pytester.path / "out" / "runs" / "tiny-random--mistral").exists()  # nothing ran
 
 
+@pytest.mark.usefixtures("shared_references")
 def test_resume_reruns_a_model_whose_settings_changed(pytester: pytest.Pytester, offline_hub: Path) -> None:
     pytester.makefile(".yaml", models=catalog("tiny-random/qwen3"))
     first = pytester.runpytest_subprocess("--device=cpu", "--results-dir=out", "--max-new-tokens=16")
