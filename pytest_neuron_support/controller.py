@@ -82,6 +82,9 @@ class Resolved:
         neuronx_cc: the device compiler's version (its own ``__version__``), ``none`` off Trainium.
         session: this session's id in the host-wide core ledger.
         self_check: the host's doctor self-check of this device found in the results folder, or None.
+        hub_unreachable: why the Hub was found unreachable when the controller planned (set by
+            :func:`plan_models`), None when it answered; the workers' settings carry it, so their runs
+            are offline too.
     """
 
     device: str
@@ -91,6 +94,7 @@ class Resolved:
     neuronx_cc: str
     session: str
     self_check: str | None = None
+    hub_unreachable: str | None = None
 
     def to_workerinput(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "cores": list(self.cores)}
@@ -163,6 +167,7 @@ def settings_for(options: Options, resolved: Resolved) -> Settings:
         pool_slice=resolved.cores,
         session=resolved.session,
         self_check=resolved.self_check,
+        hub_unreachable=resolved.hub_unreachable,
         max_new_tokens=options.max_new_tokens,
         prompt=options.prompt,
         model_timeout=options.model_timeout,
@@ -322,7 +327,10 @@ def plan_models(config: pytest.Config, models: Iterable[ModelSpec]) -> dict[str,
     """The plans of these models' items, by item name (``test_model[<id>]``, ``test_training[<id>]``:
     one per check the run makes of it; models that must not run have none), asking the Hub at most
     once per model; once it proved unreachable, the rest are planned from the local cache only, so a
-    sweep never waits through the client's retries model after model."""
+    sweep never waits through the client's retries model after model.
+
+    A Hub found unreachable up front (not the user's own ``HF_HUB_OFFLINE=1``) is also recorded in the
+    session's settings (:func:`record_hub_unreachable`): every run the session starts is then offline."""
     settings = config.stash[settings_key]
     plans: dict[str, Plan] = {}
     models = [model for model in models if gate(model, settings) is None]
@@ -332,8 +340,10 @@ def plan_models(config: pytest.Config, models: Iterable[ModelSpec]) -> dict[str,
     if down is not None and down != "HF_HUB_OFFLINE=1":
         sys.stderr.write(
             f"neuron-support: the Hub is not reachable: {down}; planning {len(models)} model(s) from the local "
-            "cache only (a model not in it is an ERROR at stage plan)\n"
+            "cache only (a model not in it is an ERROR at stage plan), and running them offline "
+            "(HF_HUB_OFFLINE=1)\n"
         )
+        record_hub_unreachable(config, down)
     selected = config.stash[options_key].checks
     for model in models:
         checks = checks_of(model, selected)
@@ -345,6 +355,17 @@ def plan_models(config: pytest.Config, models: Iterable[ModelSpec]) -> dict[str,
             plans[item_name(model.id, check)] = plan
         local_only = local_only or unreachable
     return plans
+
+
+def record_hub_unreachable(config: pytest.Config, reason: str) -> None:
+    """The session found the Hub unreachable (``reason``, one line): its settings say so, and so does the
+    :class:`Resolved` handed to xdist workers (``workerinput``), whose settings are made from it. Every
+    process started for a model then runs with ``HF_HUB_OFFLINE=1`` (``pipeline.offline_env``): a
+    checkpoint not in the cache fails at once instead of through the client's connection retries."""
+    config.stash[settings_key] = dataclasses.replace(config.stash[settings_key], hub_unreachable=reason)
+    resolved = config.stash.get(resolved_key, None)
+    if resolved is not None:
+        config.stash[resolved_key] = dataclasses.replace(resolved, hub_unreachable=reason)
 
 
 def selected_models(config: pytest.Config, models: Iterable[ModelSpec]) -> list[ModelSpec]:

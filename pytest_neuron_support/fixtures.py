@@ -545,7 +545,9 @@ def neuron_plan(request: pytest.FixtureRequest, neuron_model: ModelSpec) -> Plan
         model = neuron_model if count is None else replace(neuron_model, cores=count)
         # The training check plans by its own memory model (weights, gradients, optimizer state).
         check = "train" if "neuron_train_check" in request.fixturenames else "inference"
-        plan, _ = plan_model(model, session_settings(request.config), check=check)
+        settings = session_settings(request.config)
+        # A Hub the session found unreachable is not asked again: the plan comes from the cache.
+        plan, _ = plan_model(model, settings, check=check, local_only=settings.hub_unreachable is not None)
     evidence.plan = plan
     if plan.skip is not None:
         evidence.skip_stage = "plan"
@@ -604,7 +606,9 @@ def _asks_for_lease(request: pytest.FixtureRequest) -> bool:
     return function is not None and "neuron_cores" in inspect.signature(function).parameters
 
 
-def _device_run(spec: RunSpec, source: str, outcome: ProcessOutcome, directory: Path) -> DeviceRun:
+def _device_run(
+    spec: RunSpec, source: str, outcome: ProcessOutcome, directory: Path, offline: str | None = None
+) -> DeviceRun:
     result = outcome.result
     first_s = None if result is None else result.get("first_generate_s")
     second_s = None if result is None else result.get("generate_s")
@@ -617,7 +621,7 @@ def _device_run(spec: RunSpec, source: str, outcome: ProcessOutcome, directory: 
     )
     if result is not None and result.get("ok"):
         return DeviceRun(spec, source, directory, result, "ok", None, None, timings)
-    status, stage, error = failure_of(outcome, "run.py")
+    status, stage, error = failure_of(outcome, "run.py", offline=offline, checkpoint=spec.model)
     return DeviceRun(spec, source, directory, result, status, stage_name(stage, False), scrub(error) or "", timings)
 
 
@@ -665,7 +669,7 @@ def neuron_run(
     finally:
         if not _asks_for_lease(request):
             neuron_cores.release()  # the checks after the run need no cores
-    run = _device_run(spec, source, outcome, workdir / "device")
+    run = _device_run(spec, source, outcome, workdir / "device", settings.hub_unreachable)
     evidence.run = run
     if not run.ok:
         if evidence.reference_run is not None:
@@ -703,7 +707,9 @@ def neuron_reference(request: pytest.FixtureRequest, neuron_model: ModelSpec) ->
     else:
         outcome = run.outcome()
         if outcome.result is None or not outcome.result.get("ok"):
-            status, _, error = failure_of(outcome, "CPU reference run.py")
+            status, _, error = failure_of(
+                outcome, "CPU reference run.py", offline=settings.hub_unreachable, checkpoint=run.spec.model
+            )
             evidence.failure = (status, "reference", scrub(error) or "")
             pytest.fail(f"{status} at stage reference: {scrub(error)}", pytrace=False)
         if cache is not None:

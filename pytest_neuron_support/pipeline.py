@@ -248,7 +248,7 @@ class ReferenceRun:
         self.spec = run_spec(model, settings, device=DEVICES["cpu"], reference=True, post_load="")
         self.key = reference_key(self.spec, settings.stack)
         self._directory = workdir / "reference"
-        self._env = _cpu_env(environ)
+        self._env = _cpu_env(settings, environ)
         self._settings = settings
         self._model = model
         self._cancel = threading.Event()
@@ -280,10 +280,22 @@ class ReferenceRun:
             self._thread.join()
 
 
+def offline_env(settings: Settings, environ: Mapping[str, str]) -> dict[str, str]:
+    """``environ`` for a process the session starts for a model, made offline (``HF_HUB_OFFLINE=1``)
+    when the session found the Hub unreachable (``settings.hub_unreachable``): ``from_pretrained``
+    then loads from the cache or fails at once, instead of through the client's connection retries
+    (about 50 s a load). Otherwise ``environ`` as it is (the user's own ``HF_HUB_OFFLINE`` included)."""
+    env = dict(environ)
+    if settings.hub_unreachable is not None:
+        env["HF_HUB_OFFLINE"] = "1"
+    return env
+
+
 def device_run_env(settings: Settings, environ: Mapping[str, str], pinned: Mapping[str, str]) -> dict[str, str]:
-    """The environment of a device run: the caller's, the lease's pinning (the device's core
-    variable) and, with ``--neff-cache``, the device's compile cache variable."""
-    env = {**environ, **pinned}
+    """The environment of a device run: the caller's (offline when the session found the Hub
+    unreachable: :func:`offline_env`), the lease's pinning (the device's core variable) and, with
+    ``--neff-cache``, the device's compile cache variable."""
+    env = {**offline_env(settings, environ), **pinned}
     if settings.compile_cache is not None:
         env[settings.device.compile_cache_env] = str(settings.compile_cache)
     return env
@@ -338,7 +350,7 @@ def run_model(
     if result is None or not result.get("ok"):
         if reference is not None:
             reference.cancel()
-        status, stage, error = failure_of(outcome, "run.py")
+        status, stage, error = failure_of(outcome, "run.py", offline=settings.hub_unreachable, checkpoint=model.id)
         return replace(
             row,
             result=status,
@@ -411,7 +423,9 @@ def run_training(
 
     def start_cpu_side(spec: TrainSpec) -> threading.Thread:
         def run() -> None:
-            cpu_outcome.append(_execute(spec, workdir / "cpu", _cpu_env(environ), settings, model, cancel=cancel)[1])
+            cpu_outcome.append(
+                _execute(spec, workdir / "cpu", _cpu_env(settings, environ), settings, model, cancel=cancel)[1]
+            )
 
         thread = threading.Thread(target=run, name="neuron-support-train-cpu", daemon=True)
         thread.start()
@@ -438,7 +452,7 @@ def run_training(
         cancel.set()
         if cpu_side is not None:
             cpu_side.join()
-        status, stage, error = failure_of(outcome, "train.py")
+        status, stage, error = failure_of(outcome, "train.py", offline=settings.hub_unreachable, checkpoint=model.id)
         return replace(
             row,
             result=status,
@@ -455,7 +469,7 @@ def run_training(
     cpu = cpu_outcome[0]
     row = replace(row, reference_dtype=cpu_spec.dtype, reference_s=round(cpu.wall_s, 3), reference_cached=False)
     if cpu.result is None or not cpu.result.get("ok"):
-        status, _, error = failure_of(cpu, "CPU train.py")
+        status, _, error = failure_of(cpu, "CPU train.py", offline=settings.hub_unreachable, checkpoint=model.id)
         return replace(row, result=status, failure_stage="reference", verdict_basis="run", error=scrub(error, environ))
     return training_verdict(row, result, cpu.result)
 
@@ -512,11 +526,13 @@ def _cpu_check(
     if cached is not None:
         forced = teacher_forced(cached["forced"], device_top)
         return with_forced(replace(row, cpu_check="cached", cpu_check_s=0.0), forced), forced, None
-    _, outcome = _execute(spec, workdir / "cpu-check", _cpu_env(environ), settings, model)
+    _, outcome = _execute(spec, workdir / "cpu-check", _cpu_env(settings, environ), settings, model)
     row = replace(row, cpu_check="ran", cpu_check_s=round(outcome.wall_s, 3))
     checked = outcome.result
     if checked is None or not checked.get("ok"):
-        status, _, error = failure_of(outcome, "teacher-forced CPU check run.py")
+        status, _, error = failure_of(
+            outcome, "teacher-forced CPU check run.py", offline=settings.hub_unreachable, checkpoint=model.id
+        )
         failed = replace(
             row, result=status, failure_stage="reference", verdict_basis="run", error=scrub(error, environ)
         )
@@ -567,7 +583,9 @@ def _reference(
         ref = run.outcome()
         row = replace(row, reference_dtype=ref_spec.dtype, reference_s=round(ref.wall_s, 3), reference_cached=False)
         if ref.result is None or not ref.result.get("ok"):
-            status, _, error = failure_of(ref, "CPU reference run.py")
+            status, _, error = failure_of(
+                ref, "CPU reference run.py", offline=settings.hub_unreachable, checkpoint=model.id
+            )
             failed = replace(
                 row, result=status, failure_stage="reference", verdict_basis="run", error=scrub(error, environ)
             )
@@ -602,13 +620,15 @@ def judge_row(
     outcome = run_script(
         script,
         directory / "verdict.json",
-        env=_cpu_env(environ),
+        env=_cpu_env(settings, environ),
         timeout=settings.model_timeout,
         log_path=directory / "log.txt",
     )
     verdict = outcome.result
     if verdict is None or not verdict.get("ok"):
-        status, _, error = failure_of(outcome, f"judge {settings.judge_model}")
+        status, _, error = failure_of(
+            outcome, f"judge {settings.judge_model}", offline=settings.hub_unreachable, checkpoint=settings.judge_model
+        )
         error = scrub(error, environ) or ""
         return replace(row, judge_verdict=f"judge failed: {error[:300]}"), {
             "result": status,
@@ -631,7 +651,9 @@ def judge_row(
 _PIN_VARS = frozenset(kind.core_env_var for kind in DEVICES.values() if kind.core_env_var)
 
 
-def _cpu_env(environ: Mapping[str, str]) -> dict[str, str]:
-    """The environment of a CPU-side run (reference, CPU check, judge): no device core pinning, and
-    no device backend autoloaded (importing torch would load torch-neuronx on a trn2 host)."""
-    return {**{k: v for k, v in environ.items() if k not in _PIN_VARS}, **NO_DEVICE_ENV}
+def _cpu_env(settings: Settings, environ: Mapping[str, str]) -> dict[str, str]:
+    """The environment of a CPU-side run (reference, CPU check, judge, training's CPU side): offline
+    when the session found the Hub unreachable (:func:`offline_env`), no device core pinning, and no
+    device backend autoloaded (importing torch would load torch-neuronx on a trn2 host)."""
+    env = offline_env(settings, environ)
+    return {**{k: v for k, v in env.items() if k not in _PIN_VARS}, **NO_DEVICE_ENV}

@@ -61,6 +61,11 @@ class Settings:
             take, None for what the host has available when it starts (--cpu-check-memory-gib).
         self_check: the host's doctor self-check for this device (``results_dir/doctor.json``), as
             every row records it; None when none was run.
+        hub_unreachable: why the session found the Hub unreachable before planning (``hub.unreachable``,
+            e.g. ``http://host:port is unreachable (Connection refused)``), None when it answered or was
+            not asked (``HF_HUB_OFFLINE=1`` set by the user is not this: the runs inherit it anyway).
+            When set, every process the session starts for a model runs with ``HF_HUB_OFFLINE=1``
+            (``pipeline.offline_env``) and a load failure says why in one line.
     """
 
     device: DeviceKind
@@ -87,6 +92,7 @@ class Settings:
     pool_slice: tuple[int, ...] = ()
     session: str = ""
     self_check: str | None = None
+    hub_unreachable: str | None = None
 
 
 def core_pool(settings: Settings) -> CorePool:

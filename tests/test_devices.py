@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from pytest_neuron_support.devices import DEVICES, NO_DEVICE_ENV, ProbeResult, compiler_version, fallback_core_bytes
 from pytest_neuron_support.pipeline import _cpu_env
+from pytest_neuron_support.records import current_stack
+from pytest_neuron_support.settings import Settings
 
 GIB = 1 << 30
 
@@ -19,7 +23,19 @@ def test_core_memory_without_a_device_figure_follows_the_logical_core_config() -
 
 
 def test_cpu_side_runs_are_unpinned_and_load_no_device_backend() -> None:
-    env = _cpu_env({"NEURON_RT_VISIBLE_CORES": "8-9", "CUDA_VISIBLE_DEVICES": "1", "HOME": "/h"})
+    settings = Settings(
+        device=DEVICES["cpu"],
+        pool_cores=1,
+        max_new_tokens=4,
+        prompt="p",
+        model_timeout=60.0,
+        results_dir=Path("out"),
+        compile_backend="inductor",
+        reference_dtype=None,
+        allow_remote_code=False,
+        stack=current_stack(),
+    )
+    env = _cpu_env(settings, {"NEURON_RT_VISIBLE_CORES": "8-9", "CUDA_VISIBLE_DEVICES": "1", "HOME": "/h"})
     assert env == {"HOME": "/h", **NO_DEVICE_ENV} and env["TORCH_DEVICE_BACKEND_AUTOLOAD"] == "0"
 
 

@@ -110,7 +110,8 @@ def test_an_unreachable_hub_is_one_line_and_no_retries(
     said = [line for line in result.stderr.lines if "the Hub is not reachable" in line]
     assert said == [
         f"neuron-support: the Hub is not reachable: http://127.0.0.1:{port} is unreachable (Connection refused); "
-        f"planning {len(SIZES)} model(s) from the local cache only (a model not in it is an ERROR at stage plan)"
+        f"planning {len(SIZES)} model(s) from the local cache only (a model not in it is an ERROR at stage plan), "
+        "and running them offline (HF_HUB_OFFLINE=1)"
     ], result.stderr.str()
     assert "Retrying" not in result.stdout.str() + result.stderr.str()
     assert len([line for line in result.stdout.lines if "models.yaml::" in line]) == len(SIZES)

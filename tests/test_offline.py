@@ -1,0 +1,142 @@
+"""A session that found the Hub unreachable runs every model's processes offline: the fact travels
+in its settings (and, to xdist workers, in ``Resolved`` through ``workerinput``), every run's
+environment gets ``HF_HUB_OFFLINE=1``, and a load that fails says why in one line. The end-to-end
+run against a closed port is ``test_faults_hub.py::test_an_unreachable_hub_is_a_load_error_not_a_hang``."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from pytest_neuron_support.controller import Resolved, settings_for, with_judge
+from pytest_neuron_support.devices import DEVICES, NO_DEVICE_ENV
+from pytest_neuron_support.execution import ProcessOutcome
+from pytest_neuron_support.options import Options
+from pytest_neuron_support.pipeline import _cpu_env, device_run_env, offline_env
+from pytest_neuron_support.records import current_stack
+from pytest_neuron_support.rows import failure_of, offline_cause, offline_load_error
+from pytest_neuron_support.settings import Settings
+
+DOWN = "http://127.0.0.1:9 is unreachable (Connection refused)"
+# What transformers raises when a checkpoint is neither cached nor downloadable (HF_HUB_OFFLINE=1).
+NOT_CACHED = (
+    "OSError: We couldn't connect to 'http://127.0.0.1:9' to load the files, and couldn't find them in the "
+    "cached files.\nCheck your internet connection or see how to run the library in offline mode at "
+    "'https://huggingface.co/docs/transformers/installation#offline-mode'."
+)
+
+
+def _settings(hub_unreachable: str | None) -> Settings:
+    return Settings(
+        device=DEVICES["cpu"],
+        pool_cores=1,
+        max_new_tokens=4,
+        prompt="p",
+        model_timeout=60.0,
+        results_dir=Path("out"),
+        compile_backend="inductor",
+        reference_dtype=None,
+        allow_remote_code=False,
+        stack=current_stack(),
+        hub_unreachable=hub_unreachable,
+    )
+
+
+def _outcome(tmp_path: Path, result: dict[str, object] | None, stage: str = "load") -> ProcessOutcome:
+    log = tmp_path / "log.txt"
+    log.write_text(f"[neuron-support] stage={stage}\n", encoding="utf-8")
+    return ProcessOutcome(returncode=1, timed_out=False, wall_s=3.0, result=result, last_stage=stage, log_path=log)
+
+
+def test_runs_are_offline_only_when_the_session_found_the_hub_unreachable() -> None:
+    environ = {"HOME": "/h", "HF_HUB_OFFLINE": "0", "NEURON_RT_VISIBLE_CORES": "3"}
+    down, up = _settings(DOWN), _settings(None)
+    assert offline_env(down, environ) == {**environ, "HF_HUB_OFFLINE": "1"}
+    assert offline_env(up, environ) == environ  # reachable: nothing changes, the user's value included
+    assert offline_env(up, {"HF_HUB_OFFLINE": "1"}) == {"HF_HUB_OFFLINE": "1"}
+    # Both kinds of process a model's check starts: the device run and every CPU-side run.
+    assert device_run_env(down, environ, {"NEURON_RT_VISIBLE_CORES": "4"})["HF_HUB_OFFLINE"] == "1"
+    assert _cpu_env(down, environ) == {"HOME": "/h", "HF_HUB_OFFLINE": "1", **NO_DEVICE_ENV}
+    assert device_run_env(up, environ, {})["HF_HUB_OFFLINE"] == "0"
+    assert _cpu_env(up, environ)["HF_HUB_OFFLINE"] == "0"
+    assert environ["HF_HUB_OFFLINE"] == "0"  # the caller's mapping is not changed
+
+
+def test_an_uncached_checkpoint_offline_is_one_line_naming_the_cause() -> None:
+    error = offline_load_error(NOT_CACHED, DOWN, "nobody/sized")
+    assert error == (
+        "OSError: nobody/sized is not in the local cache, and the run was offline (HF_HUB_OFFLINE=1): the Hub "
+        f"was found unreachable at session start: {DOWN}"
+    )
+    assert "\n" not in error and offline_cause(DOWN) in error
+    hub_error = "LocalEntryNotFoundError: Cannot find the requested files in the disk cache and outgoing traffic..."
+    assert offline_load_error(hub_error, DOWN, "org/m").startswith("LocalEntryNotFoundError: org/m is not in")
+    # Any other load failure keeps its own text and says the run was offline.
+    other = "SafetensorError: Error while deserializing header: HeaderTooLarge"
+    assert offline_load_error(other, DOWN, "org/m") == f"{other}\n({offline_cause(DOWN)})"
+
+
+def test_failure_of_names_the_offline_cause_of_load_failures_only(tmp_path: Path) -> None:
+    message = NOT_CACHED.split(": ", 1)[1]
+    load = {"ok": False, "stage": "load", "error_type": "OSError", "error": message}
+    status, stage, error = failure_of(_outcome(tmp_path, load), "run.py", offline=DOWN, checkpoint="org/m")
+    assert (status, stage) == ("ERROR", "load")
+    assert error.startswith("OSError: org/m is not in the local cache") and error.endswith(DOWN)
+    # A session that reached the Hub: the library's own text, as before.
+    assert failure_of(_outcome(tmp_path, load), "run.py") == ("ERROR", "load", NOT_CACHED)
+    # Past loading, the Hub had nothing to do with it.
+    compile_ = {"ok": False, "stage": "compile", "error_type": "RuntimeError", "error": "boom"}
+    outcome = _outcome(tmp_path, compile_, "compile")
+    assert failure_of(outcome, "run.py", offline=DOWN) == ("ERROR", "compile", "RuntimeError: boom")
+
+
+def test_the_finding_travels_to_workers_in_their_settings(tmp_path: Path) -> None:
+    resolved = Resolved(
+        device="cpu", cores=(0, 1), pool=2, core_bytes=1 << 30, neuronx_cc="none", session="s", hub_unreachable=DOWN
+    )
+    shared = json.loads(json.dumps(resolved.to_workerinput()))  # workerinput crosses a process boundary
+    assert Resolved.from_workerinput(shared) == resolved
+    options = with_judge(
+        Options(
+            models_file=tmp_path / "models.yaml",
+            models_file_explicit=True,
+            extra_models=(),
+            device="cpu",
+            neuron_cores=None,
+            max_new_tokens=4,
+            prompt="p",
+            model_timeout=60.0,
+            results_dir=tmp_path,
+            compile_backend=None,
+            reference_dtype=None,
+            allow_remote_code=False,
+            judge_model=None,
+            judge_revision=None,
+            parity="exact",
+            shard=None,
+            resume=False,
+            neff_cache=None,
+            reference_cache=None,
+            host_memory_gib=None,
+            cpu_check_memory_gib=None,
+            core_ledger=tmp_path / "ledger",
+            core_memory_gib=None,
+            memory_headroom=0.25,
+            max_cores=16,
+        )
+    )
+    assert settings_for(options, Resolved.from_workerinput(shared)).hub_unreachable == DOWN
+    reachable = dataclasses.replace(resolved, hub_unreachable=None)
+    assert settings_for(options, reachable).hub_unreachable is None
+
+
+@pytest.mark.parametrize("reason", [DOWN, None])
+def test_settings_hash_does_not_depend_on_the_hub(reason: str | None) -> None:
+    from pytest_neuron_support.catalog import ModelSpec
+    from pytest_neuron_support.settings import settings_hash
+
+    model = ModelSpec(id="org/m")
+    assert settings_hash(model, _settings(reason)) == settings_hash(model, _settings(None))
