@@ -26,6 +26,10 @@ if TYPE_CHECKING:
     from .execution import ProcessOutcome
 
 _SPEC_MARKER = "SPEC = {}  # @@SPEC@@"
+#: Ends the line of run.py / train.py that templates/ranks.py's code replaces, and, in ranks.py, the
+#: line after which that code starts.
+_RANKS_MARKER = "# @@RANKS@@"
+_RANK_HOSTS = ("run.py", "train.py")
 #: (width, height) of the test card run.py draws for image-text-to-text runs (run.py's fixed_image).
 TEST_CARD_SIZE: tuple[int, int] = (224, 224)
 
@@ -162,8 +166,22 @@ class JudgeSpec:
 
 
 def template(name: str = "run.py") -> str:
-    """A file of the package's ``templates/`` folder (run.py, judge.py, the viewer's page)."""
-    return resources.files("pytest_neuron_support").joinpath(f"templates/{name}").read_text(encoding="utf-8")
+    """A file of the package's ``templates/`` folder (run.py, judge.py, the viewer's page); run.py and
+    train.py come with the shared rank code (ranks.py) already spliced in, so their text runs as is."""
+    source = resources.files("pytest_neuron_support").joinpath(f"templates/{name}").read_text(encoding="utf-8")
+    return _with_ranks(source) if name in _RANK_HOSTS else source
+
+
+def _with_ranks(source: str) -> str:
+    # Spliced, not imported: the rendered script must run with nothing of this package installed.
+    # The host's marker is a whole import line (it tells ruff where the names come from).
+    shared = template("ranks.py").split(f"{_RANKS_MARKER}\n", 1)[1].strip("\n")
+    lines = source.split("\n")
+    marked = [i for i, line in enumerate(lines) if line.endswith(_RANKS_MARKER)]
+    if len(marked) != 1:
+        raise ValueError(f"a rank-handling template needs exactly one {_RANKS_MARKER} line, found {len(marked)}")
+    lines[marked[0]] = shared
+    return "\n".join(lines)
 
 
 def _fill(source: str, spec: dict[str, Any]) -> str:

@@ -1,10 +1,14 @@
 from __future__ import annotations
 
 import ast
+import subprocess
 import sys
+from pathlib import Path
+
+import pytest
 
 from pytest_neuron_support.devices import DEVICES
-from pytest_neuron_support.runscript import RunSpec, render, template
+from pytest_neuron_support.runscript import RunSpec, TrainSpec, render, render_train, template
 
 
 def spec(**overrides: object) -> RunSpec:
@@ -118,3 +122,73 @@ def test_the_cpu_check_script_carries_the_tokens_it_scores() -> None:
     )
     assert written["forced_tokens"] == [5, 6, 7] and written["compile"] is False
     assert spec_literal(render(spec()))["forced_tokens"] is None
+
+
+def train_spec(**overrides: object) -> TrainSpec:
+    base: dict[str, object] = dict(
+        model="org/name",
+        revision="main",
+        dtype="bfloat16",
+        device=DEVICES["neuron"],
+        compile=True,
+        compile_backend="neuron",
+        steps=3,
+        batch_size=2,
+        max_length=16,
+        learning_rate=1e-3,
+        seed=0,
+        texts=("a b", "c d"),
+        world_size=2,
+    )
+    base.update(overrides)
+    return TrainSpec(**base)  # type: ignore[arg-type]
+
+
+def shared_rank_code() -> str:
+    """What templates/ranks.py contributes: everything after its marker line."""
+    _, marker, shared = template("ranks.py").partition("# @@RANKS@@\n")
+    assert marker and "def launch_ranks(" in shared and "@@" not in shared
+    return shared.strip("\n")
+
+
+def rendered_scripts() -> dict[str, str]:
+    return {"run.py": render(spec(world_size=2)), "train.py": render_train(train_spec())}
+
+
+def test_run_py_and_train_py_carry_the_one_rank_code_inlined_once() -> None:
+    shared = shared_rank_code()
+    names = {node.name for node in ast.parse(shared).body if isinstance(node, ast.FunctionDef)}
+    assert names == {"write_json", "rank_core", "end_with_parent", "rank_entry", "free_port", "launch_ranks"}
+    for name, source in rendered_scripts().items():
+        compile(source, name, "exec")
+        # The same text, once, and in its place: no marker and nothing imported from the package.
+        assert source.count(shared) == 1, name
+        assert "@@RANKS@@" not in source and "from ranks import" not in source, name
+        defined = [node.name for node in ast.parse(source).body if isinstance(node, ast.FunctionDef)]
+        assert all(defined.count(n) == 1 for n in names | {"merge_rank_facts", "run_and_write", "main"}), name
+        # The unrendered template reads the same (the zoo executes run.py's to draw its test card).
+        assert template(name).count(shared) == 1, name
+
+
+def test_rendering_with_the_rank_code_is_deterministic() -> None:
+    assert rendered_scripts() == rendered_scripts()
+
+
+def test_rendered_scripts_define_every_name_they_use(tmp_path: Path) -> None:
+    # compile() does not resolve names: the spliced code relies on its host for SPEC, STAGE, WORLD,
+    # enter, versions, run_and_write and merge_rank_facts; pyflakes' rules (F) on the rendered text
+    # catch a missing one, or an import the host no longer uses. F811 is left out: the spliced code
+    # imports the modules it uses itself, so those the host uses too are imported twice on purpose.
+    pytest.importorskip("ruff")
+    paths = []
+    for name, source in rendered_scripts().items():
+        path = tmp_path / name
+        path.write_text(source, encoding="utf-8")
+        paths.append(str(path))
+    ruff = [sys.executable, "-m", "ruff", "check", "--no-cache", "--isolated"]
+    done = subprocess.run(
+        [*ruff, "--select", "F", "--ignore", "F811", *paths],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr

@@ -25,12 +25,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import math
 import os
 import platform
 import resource
-import signal
 import sys
 import time
 import traceback
@@ -332,113 +330,13 @@ def run_and_write(out, rank=0):
     return result
 
 
-def write_json(path, data):
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as handle:
-        json.dump(data, handle)
-    os.replace(tmp, path)  # atomic: the harness never reads half a result
+def merge_rank_facts(merged, results):
+    """train.py's part of merging the ranks' results (launch_ranks, below, merges what both scripts record)."""
+    # Every rank computes the same (replicated) loss; a rank that disagrees is a sharding bug.
+    merged["rank_losses"] = [r["losses"] for r in results]
 
 
-def rank_core(pinned, rank):
-    """The core of ``rank`` within this process's leased cores ("4-7" or "4,5,6,7")."""
-    cores = []
-    for part in pinned.split(","):
-        low, _, high = part.partition("-")
-        cores.extend(range(int(low), int(high or low) + 1))
-    return str(cores[rank])
-
-
-def end_with_parent():
-    """Have the kernel SIGKILL this process when its parent dies (Linux; elsewhere a no-op)."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        return
-    if os.getppid() == 1:
-        os.kill(os.getpid(), signal.SIGKILL)
-
-
-def rank_entry(rank, world, port, out):
-    """One torch.distributed rank (spawned, never forked: a forked child cannot re-initialise Neuron)."""
-    end_with_parent()
-    os.environ.update(
-        RANK=str(rank),
-        LOCAL_RANK=str(rank),
-        WORLD_SIZE=str(world),
-        LOCAL_WORLD_SIZE=str(world),
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-    )
-    pin = SPEC["device"]["core_env_var"]
-    if pin and os.environ.get(pin):
-        os.environ[pin] = rank_core(os.environ[pin], rank)
-    WORLD.update(size=world, rank=rank)
-    SPEC["out"] = out  # a spawned rank imports this file afresh
-    result = run_and_write(f"{out}.rank{rank}", rank)
-    if not result["ok"]:
-        sys.exit(1)  # makes torch.multiprocessing stop the other ranks instead of leaving them blocked
-
-
-def free_port():
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def launch_ranks(out):
-    """Start one rank per leased core, wait for all, and merge their results into ``out``."""
-    import torch.multiprocessing as mp
-
-    world = SPEC["world_size"]
-    for rank in range(world):
-        if os.path.exists(f"{out}.rank{rank}"):
-            os.remove(f"{out}.rank{rank}")
-    started = time.perf_counter()
-    enter("load")
-    failure = None
-    try:
-        mp.spawn(rank_entry, args=(world, free_port(), out), nprocs=world, join=True, start_method="spawn")
-    except Exception as exc:  # a rank failed or died; its own result says why
-        failure = f"{type(exc).__name__}: {exc}"[:4000]
-    results = []
-    for rank in range(world):
-        try:
-            with open(f"{out}.rank{rank}", encoding="utf-8") as handle:
-                results.append(json.load(handle))
-        except (OSError, ValueError):
-            results.append(None)
-    failed = [r for r in results if r is not None and not r["ok"]]
-    if failed:
-        merged = dict(failed[0])
-        merged["error"] = f"rank {merged['rank']}: {merged['error']}"
-    elif all(r is not None for r in results) and failure is None:
-        merged = dict(results[0])
-        memory = [r["peak_device_memory_bytes"] for r in results]
-        merged["peak_device_memory_by_rank"] = memory
-        known = [m for m in memory if m is not None]
-        merged["peak_device_memory_bytes"] = max(known) if known else None
-        merged["peak_host_rss_bytes"] = max(r["peak_host_rss_bytes"] for r in results)
-        # Every rank computes the same (replicated) loss; a rank that disagrees is a sharding bug.
-        merged["rank_losses"] = [r["losses"] for r in results]
-    else:
-        missing = [rank for rank, r in enumerate(results) if r is None]
-        merged = {
-            "ok": False,
-            "model": SPEC["model"],
-            "device": SPEC["device"]["name"],
-            "stage": STAGE["name"],
-            "error_type": "RankDied",
-            "error": f"rank(s) {missing} died without a result: {failure}",
-            "versions": versions(),
-        }
-    merged["world_size"] = world
-    merged["wall_s"] = time.perf_counter() - started
-    write_json(out, merged)
-    return merged
+from ranks import end_with_parent, launch_ranks, write_json  # noqa: E402  # @@RANKS@@
 
 
 def main(argv=None):
