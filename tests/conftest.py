@@ -102,6 +102,26 @@ def shared_references(_suite_reference_home: Path, monkeypatch: pytest.MonkeyPat
 
 
 @pytest.fixture
+def eager_compile(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The pytest sessions this test starts compile with torch.compile's ``eager`` backend
+    (``--compile-backend=eager``, through ``PYTEST_ADDOPTS`` so sessions started with Popen get it
+    too). Dynamo still captures and counts every graph, recompile and graph break, and generate()
+    still goes through the compiled path at the compile stage; what is skipped is inductor's code
+    generation, about 24 s of CPU per graph compiled cold on these 2-CPU machines (3 s warm).
+
+    For tests of the harness (leases, faults, verdicts, progress, resume, fixtures): the compiler is
+    not what they check. The tests about compiling keep the cpu row's inductor: the tiny-zoo sweep
+    of every architecture, test_scale (compile cache hits), test_zoo (decisive when compiled),
+    ``--device=auto`` (the row's backend), the near tie (inductor's numerics) and test_faults_model
+    (a fault planted in inductor)."""
+    if "pytester" in request.fixturenames:
+        request.getfixturevalue("pytester")  # pytester clears PYTEST_ADDOPTS when it starts: set it after
+    option = "--compile-backend=eager"
+    monkeypatch.setenv("PYTEST_ADDOPTS", option)
+    return option
+
+
+@pytest.fixture
 def process_tag(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """A tag unique to this test, in the environment every process it starts inherits (pytester
     runs, their xdist workers, run.py, spawned ranks, compiler workers): faultkit.own_processes

@@ -283,6 +283,7 @@ def test_the_doctor_process_imports_neither_torch_nor_transformers() -> None:
     assert proc.stdout.strip() == "[]"
 
 
+@pytest.mark.usefixtures("eager_compile")
 @pytest.mark.usefixtures("shared_references")
 @pytest.mark.slow
 def test_rows_record_the_self_check_the_session_found_with_its_results(

@@ -177,6 +177,7 @@ OP_SIGNATURE = (
 NEFF_SIGNATURE = "load: FileNotFoundError: [Errno 2] No such file or directory: '<path>/graph_<n>.neff'"
 
 
+@pytest.mark.usefixtures("eager_compile")
 @pytest.mark.usefixtures("shared_references")
 @pytest.mark.slow
 def test_a_sweep_with_two_planted_faults_prints_two_signatures_and_diff_sees_them_appear(

@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 from hubserver import HubServer, ModelRecord
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("eager_compile")]
 
 CATALOG = """
 models:

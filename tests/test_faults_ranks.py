@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 from faultkit import alive_at_report, catalog, own_processes, record_tree, recorded, report_alive_conftest
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("eager_compile")]
 
 # Rank 1 of the sharded mistral is killed outright after loading: it cannot report anything,
 # so only the launcher can tell what happened to it.

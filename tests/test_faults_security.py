@@ -13,7 +13,7 @@ from faultkit import catalog
 
 from pytest_neuron_support import zoo
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("eager_compile")]
 
 
 # The device runs print the token the harness gave them (it is in their environment: downloads

@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 from faultkit import catalog
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("eager_compile")]
 
 
 @pytest.mark.usefixtures("shared_references")

@@ -95,6 +95,7 @@ def pytest_runtest_teardown(item):
 """
 
 
+@pytest.mark.usefixtures("eager_compile")
 @pytest.mark.slow
 @pytest.mark.parametrize("small_disk", [96], indirect=True)
 def test_a_disk_that_fills_mid_sweep_loses_no_row(

@@ -61,6 +61,7 @@ def test_more_cores_than_the_pool(neuron_cores):
 """
 
 
+@pytest.mark.usefixtures("eager_compile")
 @pytest.mark.slow
 def test_a_users_own_tests_lease_cores_check_a_tiny_model_and_get_rows_under_xdist(
     pytester: pytest.Pytester, offline_hub: Path

@@ -16,7 +16,7 @@ import pytest
 from faultkit import catalog, own_processes, survivors
 from test_sweep import overlapping_leases
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("eager_compile")]
 
 SESSION_A = ["tiny-random/qwen3", "tiny-random/qwen2", "tiny-random/llama"]
 SESSION_B = ["tiny-random/smollm3", "tiny-random/gpt2", "tiny-random/phi3"]

@@ -116,6 +116,7 @@ def test_repository_root_runs_the_catalog_and_tests_apart(tmp_path: Path, offlin
     assert "suite: the project's own tests (tests/)" in own and "<Module test_options.py>" in own, own
 
 
+@pytest.mark.usefixtures("eager_compile")
 @pytest.mark.usefixtures("shared_references")
 def test_model_option_works_where_there_is_no_catalog(pytester: pytest.Pytester, offline_hub: Path) -> None:
     # A project of the user's own: no models.yaml. `pytest --model org/name` checks that model,

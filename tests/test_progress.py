@@ -15,7 +15,7 @@ from faultkit import catalog
 
 from pytest_neuron_support.progress import State, duration, status_lines
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("eager_compile")]
 
 
 def _status(cwd: Path, results: str) -> subprocess.CompletedProcess[str]:

@@ -36,6 +36,7 @@ def test_more_cores_than_allowed_is_a_skipped_row_at_plan(pytester: pytest.Pytes
     assert not (pytester.path / "out" / "runs" / "tiny-random--mistral").exists()  # nothing ran
 
 
+@pytest.mark.usefixtures("eager_compile")
 @pytest.mark.usefixtures("shared_references")
 def test_resume_reruns_a_model_whose_settings_changed(pytester: pytest.Pytester, offline_hub: Path) -> None:
     pytester.makefile(".yaml", models=catalog("tiny-random/qwen3"))

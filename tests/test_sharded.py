@@ -18,7 +18,7 @@ from pytest_neuron_support.runscript import JudgeSpec, RunSpec, render, render_j
 sys.path.insert(0, str(Path(__file__).parent))
 from judges import build_judge, expected_score, no_ids, yes_ids
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("eager_compile")]
 
 
 @pytest.fixture(scope="module")

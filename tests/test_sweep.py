@@ -144,6 +144,7 @@ def pytest_neuron_support_post_load(config, model):
 """
 
 
+@pytest.mark.usefixtures("eager_compile")
 def test_parity_failure_and_load_error_are_rows_and_the_sweep_goes_on(
     pytester: pytest.Pytester,
     offline_hub: Path,

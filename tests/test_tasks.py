@@ -52,6 +52,7 @@ def minilm_hub(offline_hub: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     return cache
 
 
+@pytest.mark.usefixtures("eager_compile")
 @pytest.mark.slow
 def test_vlm_and_real_minilm_pass_and_a_perturbed_minilm_fails_at_parity(
     pytester: pytest.Pytester, minilm_hub: Path

@@ -20,7 +20,7 @@ from pytest_neuron_support import zoo
 from pytest_neuron_support.devices import DEVICES
 from pytest_neuron_support.runscript import RunSpec, render
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("eager_compile")]
 
 # Device-side faults, through the post-load hook (written into the device run.py only; never into
 # the CPU runs). Each wraps generate() with a logits processor, which sees every decoding step.
