@@ -26,10 +26,10 @@ if TYPE_CHECKING:
     from .execution import ProcessOutcome
 
 _SPEC_MARKER = "SPEC = {}  # @@SPEC@@"
-#: Ends the line of run.py / train.py that templates/ranks.py's code replaces, and, in ranks.py, the
-#: line after which that code starts.
-_RANKS_MARKER = "# @@RANKS@@"
-_RANK_HOSTS = ("run.py", "train.py")
+#: Ends the first line of run.py's / train.py's import statement that templates/common.py's code
+#: replaces, and, in common.py, the line after which that code starts.
+_COMMON_MARKER = "# @@COMMON@@"
+_COMMON_HOSTS = ("run.py", "train.py")
 #: (width, height) of the test card run.py draws for image-text-to-text runs (run.py's fixed_image).
 TEST_CARD_SIZE: tuple[int, int] = (224, 224)
 
@@ -167,20 +167,24 @@ class JudgeSpec:
 
 def template(name: str = "run.py") -> str:
     """A file of the package's ``templates/`` folder (run.py, judge.py, the viewer's page); run.py and
-    train.py come with the shared rank code (ranks.py) already spliced in, so their text runs as is."""
+    train.py come with their shared code (common.py) already spliced in, so their text runs as is."""
     source = resources.files("pytest_neuron_support").joinpath(f"templates/{name}").read_text(encoding="utf-8")
-    return _with_ranks(source) if name in _RANK_HOSTS else source
+    return _with_common(source) if name in _COMMON_HOSTS else source
 
 
-def _with_ranks(source: str) -> str:
+def _with_common(source: str) -> str:
     # Spliced, not imported: the rendered script must run with nothing of this package installed.
-    # The host's marker is a whole import line (it tells ruff where the names come from).
-    shared = template("ranks.py").split(f"{_RANKS_MARKER}\n", 1)[1].strip("\n")
+    # The host's marker ends the first line of a whole import statement (it tells ruff where the
+    # names come from), which may go on over more lines, up to the one closing its parenthesis.
+    shared = template("common.py").split(f"{_COMMON_MARKER}\n", 1)[1].strip("\n")
     lines = source.split("\n")
-    marked = [i for i, line in enumerate(lines) if line.endswith(_RANKS_MARKER)]
+    marked = [i for i, line in enumerate(lines) if line.endswith(_COMMON_MARKER)]
     if len(marked) != 1:
-        raise ValueError(f"a rank-handling template needs exactly one {_RANKS_MARKER} line, found {len(marked)}")
-    lines[marked[0]] = shared
+        raise ValueError(f"a template sharing common.py needs exactly one {_COMMON_MARKER} line, found {len(marked)}")
+    first = last = marked[0]
+    if lines[first].split("#", 1)[0].rstrip().endswith("("):
+        last = lines.index(")", first)
+    lines[first : last + 1] = [shared]
     return "\n".join(lines)
 
 

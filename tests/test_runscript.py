@@ -144,10 +144,10 @@ def train_spec(**overrides: object) -> TrainSpec:
     return TrainSpec(**base)  # type: ignore[arg-type]
 
 
-def shared_rank_code() -> str:
-    """What templates/ranks.py contributes: everything after its marker line."""
-    _, marker, shared = template("ranks.py").partition("# @@RANKS@@\n")
-    assert marker and "def launch_ranks(" in shared and "@@" not in shared
+def shared_code() -> str:
+    """What templates/common.py contributes: everything after its marker line."""
+    _, marker, shared = template("common.py").partition("# @@COMMON@@\n")
+    assert marker and "def launch_ranks(" in shared and "def run_and_write(" in shared and "@@" not in shared
     return shared.strip("\n")
 
 
@@ -155,30 +155,67 @@ def rendered_scripts() -> dict[str, str]:
     return {"run.py": render(spec(world_size=2)), "train.py": render_train(train_spec())}
 
 
-def test_run_py_and_train_py_carry_the_one_rank_code_inlined_once() -> None:
-    shared = shared_rank_code()
-    names = {node.name for node in ast.parse(shared).body if isinstance(node, ast.FunctionDef)}
-    assert names == {"write_json", "rank_core", "end_with_parent", "rank_entry", "free_port", "launch_ranks"}
+def defined_names(source: str) -> list[str]:
+    """The module-level functions, classes and assigned names of ``source``, each time it defines one."""
+    names: list[str] = []
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.FunctionDef | ast.ClassDef):
+            names.append(node.name)
+        elif isinstance(node, ast.Assign):
+            names.extend(target.id for target in node.targets if isinstance(target, ast.Name))
+    return names
+
+
+def test_run_py_and_train_py_carry_the_one_common_code_inlined_once() -> None:
+    shared = shared_code()
+    names = set(defined_names(shared))
+    assert names == {
+        # stage markers, versions and the result of one process
+        "STAGE",
+        "WORLD",
+        "FACTS",
+        "NothingCompiledError",
+        "enter",
+        "versions",
+        "compiler_version",
+        "device_fact",
+        "synchronize",
+        "peak_device_memory",
+        "run_and_write",
+        # ranks
+        "write_json",
+        "rank_core",
+        "end_with_parent",
+        "rank_entry",
+        "free_port",
+        "launch_ranks",
+        # the entry point
+        "main",
+    }
     for name, source in rendered_scripts().items():
         compile(source, name, "exec")
         # The same text, once, and in its place: no marker and nothing imported from the package.
         assert source.count(shared) == 1, name
+        assert "@@COMMON@@" not in source and "from common import" not in source, name
         assert "@@RANKS@@" not in source and "from ranks import" not in source, name
-        defined = [node.name for node in ast.parse(source).body if isinstance(node, ast.FunctionDef)]
-        assert all(defined.count(n) == 1 for n in names | {"merge_rank_facts", "run_and_write", "main"}), name
+        # Each shared name defined once (the host keeps no copy of its own), beside what the host provides.
+        defined = defined_names(source)
+        host = {"SPEC", "DISTRIBUTIONS", "CHECK", "run", "merge_rank_facts"}
+        assert all(defined.count(n) == 1 for n in names | host), name
         # The unrendered template reads the same (the zoo executes run.py's to draw its test card).
         assert template(name).count(shared) == 1, name
 
 
-def test_rendering_with_the_rank_code_is_deterministic() -> None:
+def test_rendering_with_the_common_code_is_deterministic() -> None:
     assert rendered_scripts() == rendered_scripts()
 
 
 def test_rendered_scripts_define_every_name_they_use(tmp_path: Path) -> None:
-    # compile() does not resolve names: the spliced code relies on its host for SPEC, STAGE, WORLD,
-    # enter, versions, run_and_write and merge_rank_facts; pyflakes' rules (F) on the rendered text
-    # catch a missing one, or an import the host no longer uses. F811 is left out: the spliced code
-    # imports the modules it uses itself, so those the host uses too are imported twice on purpose.
+    # compile() does not resolve names: the spliced code relies on its host for SPEC, DISTRIBUTIONS,
+    # CHECK, run and merge_rank_facts, the host on it for enter, WORLD, main and more; pyflakes'
+    # rules (F) on the rendered text catch a missing one, or an import the host no longer uses. F811
+    # is left out: the spliced code imports the modules it uses itself, so those the host uses too
+    # are imported twice on purpose.
     pytest.importorskip("ruff")
     paths = []
     for name, source in rendered_scripts().items():

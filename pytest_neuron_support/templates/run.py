@@ -34,18 +34,29 @@ Every result has timings, peak memory and versions, or the stage that failed wit
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import platform
-import resource
 import sys
 import time
-import traceback
 
 SPEC = {}  # @@SPEC@@
 
-STAGE = {"name": "start"}
+#: The distributions whose versions a result records (with the device compiler's and Python's).
+DISTRIBUTIONS = ("torch", "transformers", "torch-neuronx")
+#: The subject of the verdict line main() prints last.
+CHECK = "{model} on {device}"
+
+# What run.py and train.py share (stage markers, versions, results, ranks, main): spliced in here.
+from common import (  # noqa: E402  # @@COMMON@@
+    WORLD,
+    NothingCompiledError,
+    device_fact,
+    enter,
+    main,
+    peak_device_memory,
+    synchronize,
+)
+
 #: sentence-transformers module types this script reproduces; any other (Dense, LayerNorm, ...)
 #: stops the run at stage load rather than embedding without it.
 TRANSFORMER_MODULE = "sentence_transformers.models.Transformer"
@@ -60,73 +71,6 @@ POOLING_FLAGS = (
     ("pooling_mode_weightedmean_tokens", "weightedmean"),
     ("pooling_mode_lasttoken", "lasttoken"),
 )
-WORLD = {"size": 1, "rank": 0}
-
-
-class NothingCompiledError(RuntimeError):
-    """The run was asked to compile but compiled no graph: it silently ran eagerly."""
-
-
-def enter(stage):
-    """Record the stage; the harness reads the last marker if this process dies."""
-    STAGE["name"] = stage
-    print(f"[neuron-support] stage={stage}", file=sys.stderr, flush=True)
-
-
-def versions():
-    from importlib import metadata
-
-    def version(dist):
-        try:
-            return metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            return "none"
-
-    return {
-        "torch": version("torch"),
-        "transformers": version("transformers"),
-        "torch_neuronx": version("torch-neuronx"),
-        "neuronx_cc": compiler_version(version("neuronx-cc")),
-        "python": platform.python_version(),
-    }
-
-
-def compiler_version(distribution_version):
-    """The device compiler's own version (SPEC["device"]["compiler_version_expr"]: neuronxcc's
-    __version__, with its local label, e.g. 2.15.128.0+56dc5a86, which its cache keys and the
-    published NEFF caches are named by), else the distribution's version."""
-    if distribution_version == "none":
-        return "none"
-    try:
-        found = device_fact(None, "compiler_version_expr")
-    except Exception:
-        found = None
-    return distribution_version if found is None else str(found)
-
-
-def device_fact(torch, name):
-    """Evaluate the device table's expression ``name`` (SPEC["device"]), or None where it has none."""
-    expr = SPEC["device"].get(name)
-    if expr is None:
-        return None
-    return eval(expr, {"torch": torch, "__import__": __import__})
-
-
-def synchronize(torch):
-    """Device work is asynchronous (neuron, cuda): wait before reading clocks or memory."""
-    module = SPEC["device"]["memory_module"]
-    if module is not None:
-        getattr(torch, module).synchronize()
-
-
-def peak_device_memory(torch):
-    """The device allocator's peak on this process's core (tensors only: no compiled code,
-    scratchpad or collective buffers), after a synchronize (the allocator is asynchronous)."""
-    module = SPEC["device"]["memory_module"]
-    if module is None:
-        return None
-    getattr(torch, module).synchronize()
-    return int(getattr(torch, module).max_memory_allocated())
 
 
 def load(torch, facts):
@@ -592,51 +536,11 @@ def run_embedding(torch, tokenizer, model, pooling):
     }
 
 
-def run_and_write(out, rank=0):
-    """Run the check in this process and write its JSON result to ``out``."""
-    started = time.perf_counter()
-    result = {"ok": False, "model": SPEC["model"], "device": SPEC["device"]["name"], "rank": rank}
-    try:
-        result.update(run())
-        result["ok"] = True
-        enter("done")
-    except Exception as exc:
-        result.update(
-            stage=STAGE["name"],
-            error_type=type(exc).__name__,
-            error=str(exc)[:4000],
-            traceback=traceback.format_exc()[-20000:],
-        )
-        print(result["traceback"], file=sys.stderr)
-    result["wall_s"] = time.perf_counter() - started
-    result["peak_host_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    result["versions"] = versions()
-    write_json(out, result)
-    return result
-
-
 def merge_rank_facts(merged, results):
-    """run.py's part of merging the ranks' results (launch_ranks, below, merges what both scripts record)."""
+    """run.py's part of merging the ranks' results (launch_ranks, spliced in above, merges what both record)."""
     # Each rank's process falls back on its own: a fallback on any rank must show.
     ops = [r.get("fallback_ops") for r in results]
     merged["fallback_ops"] = None if all(o is None for o in ops) else sorted({x for o in ops for x in o or ()})
-
-
-from ranks import end_with_parent, launch_ranks, write_json  # noqa: E402  # @@RANKS@@
-
-
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="result.json", help="where to write the JSON result")
-    args = parser.parse_args(argv)
-    if os.environ.get("NEURON_SUPPORT_HARNESS"):  # started by the harness: end with it
-        end_with_parent()
-    for key, value in SPEC["device"]["env"].items():
-        os.environ.setdefault(key, value)  # before torch is imported
-    result = launch_ranks(args.out) if SPEC["world_size"] > 1 else run_and_write(args.out)
-    verdict = "ok" if result["ok"] else f"failed at {result['stage']}: {result['error_type']}: {result['error']}"
-    print(f"[neuron-support] {SPEC['model']} on {SPEC['device']['name']}: {verdict}", file=sys.stderr)
-    return 0 if result["ok"] else 1
 
 
 if __name__ == "__main__":

@@ -23,73 +23,29 @@ failure the stage (load, compile = the first step, train = the later ones) with 
 
 from __future__ import annotations
 
-import argparse
-import contextlib
 import math
 import os
-import platform
-import resource
 import sys
 import time
-import traceback
 
 SPEC = {}  # @@SPEC@@
 
-STAGE = {"name": "start"}
-WORLD = {"size": 1, "rank": 0}
-#: What loading found (the DistributedConfig that loaded, the ones that did not): kept in the result
-#: even when a later stage fails, as evidence that the model did load sharded.
-FACTS = {}
+#: The distributions whose versions a result records (with the device compiler's and Python's).
+DISTRIBUTIONS = ("torch", "transformers", "accelerate", "torch-neuronx")
+#: The subject of the verdict line main() prints last.
+CHECK = "{model} training on {device}"
 
-
-class NothingCompiledError(RuntimeError):
-    """The run was asked to compile but compiled no graph: it silently ran eagerly."""
-
-
-def enter(stage):
-    """Record the stage; the harness reads the last marker if this process dies."""
-    STAGE["name"] = stage
-    print(f"[neuron-support] stage={stage}", file=sys.stderr, flush=True)
-
-
-def versions():
-    from importlib import metadata
-
-    def version(dist):
-        try:
-            return metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            return "none"
-
-    found = version("neuronx-cc")
-    expr = SPEC["device"].get("compiler_version_expr")
-    if found != "none" and expr is not None:
-        with contextlib.suppress(Exception):  # its own __version__ keeps the label caches are named by
-            found = str(eval(expr, {"__import__": __import__}))
-    return {
-        "torch": version("torch"),
-        "transformers": version("transformers"),
-        "accelerate": version("accelerate"),
-        "torch_neuronx": version("torch-neuronx"),
-        "neuronx_cc": found,
-        "python": platform.python_version(),
-    }
-
-
-def synchronize(torch):
-    """Device work is asynchronous (neuron, cuda): wait before reading clocks or memory."""
-    module = SPEC["device"]["memory_module"]
-    if module is not None:
-        getattr(torch, module).synchronize()
-
-
-def peak_device_memory(torch):
-    """The device allocator's peak on this process's core (tensors only), after a synchronize."""
-    module = SPEC["device"]["memory_module"]
-    if module is None:
-        return None
-    getattr(torch, module).synchronize()
-    return int(getattr(torch, module).max_memory_allocated())
+# What run.py and train.py share (stage markers, versions, results, ranks, main): spliced in here.
+from common import (  # noqa: E402  # @@COMMON@@
+    FACTS,
+    STAGE,
+    WORLD,
+    NothingCompiledError,
+    enter,
+    main,
+    peak_device_memory,
+    synchronize,
+)
 
 
 def load(torch, candidate):
@@ -306,52 +262,10 @@ def run():
     return {**result, "peak_device_memory_bytes": peak_device_memory(torch), **facts}
 
 
-def run_and_write(out, rank=0):
-    """Run the check in this process and write its JSON result to ``out``."""
-    started = time.perf_counter()
-    result = {"ok": False, "model": SPEC["model"], "device": SPEC["device"]["name"], "rank": rank}
-    try:
-        result.update(run())
-        result["ok"] = True
-        enter("done")
-    except Exception as exc:
-        result.update(FACTS)
-        result.update(
-            stage=STAGE["name"],
-            error_type=type(exc).__name__,
-            error=str(exc)[:4000],
-            traceback=traceback.format_exc()[-20000:],
-        )
-        print(result["traceback"], file=sys.stderr)
-    result["wall_s"] = time.perf_counter() - started
-    result["peak_host_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    result["versions"] = versions()
-    write_json(out, result)
-    return result
-
-
 def merge_rank_facts(merged, results):
-    """train.py's part of merging the ranks' results (launch_ranks, below, merges what both scripts record)."""
+    """train.py's part of merging the ranks' results (launch_ranks, spliced in above, merges what both record)."""
     # Every rank computes the same (replicated) loss; a rank that disagrees is a sharding bug.
     merged["rank_losses"] = [r["losses"] for r in results]
-
-
-from ranks import end_with_parent, launch_ranks, write_json  # noqa: E402  # @@RANKS@@
-
-
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="result.json", help="where to write the JSON result")
-    args = parser.parse_args(argv)
-    SPEC["out"] = args.out
-    if os.environ.get("NEURON_SUPPORT_HARNESS"):  # started by the harness: end with it
-        end_with_parent()
-    for key, value in SPEC["device"]["env"].items():
-        os.environ.setdefault(key, value)  # before torch is imported
-    result = launch_ranks(args.out) if SPEC["world_size"] > 1 else run_and_write(args.out)
-    verdict = "ok" if result["ok"] else f"failed at {result['stage']}: {result['error_type']}: {result['error']}"
-    print(f"[neuron-support] {SPEC['model']} training on {SPEC['device']['name']}: {verdict}", file=sys.stderr)
-    return 0 if result["ok"] else 1
 
 
 if __name__ == "__main__":
