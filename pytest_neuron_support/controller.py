@@ -7,9 +7,10 @@ that hands the resolved device to every worker (``workerinput``) and makes the s
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,7 @@ from .devices import DEVICES, DeviceNotFound, compiler_version, fallback_core_by
 from .execution import end_with_parent
 from .options import Options, options_key, parse_options
 from .pipeline import plan_checks
-from .planning import Plan
+from .planning import Plan, cpu_threads
 from .progress import Progress
 from .records import current_stack
 from .reporting import ResultsWriter, writer_key
@@ -85,6 +86,8 @@ class Resolved:
         hub_unreachable: why the Hub was found unreachable when the controller planned (set by
             :func:`plan_models`), None when it answered; the workers' settings carry it, so their runs
             are offline too.
+        cpu_threads: the intra-op CPU threads of every process run for a model (:func:`resolve_cpu_threads`),
+            None to leave the environment's OMP_NUM_THREADS as the user set it.
     """
 
     device: str
@@ -95,6 +98,7 @@ class Resolved:
     session: str
     self_check: str | None = None
     hub_unreachable: str | None = None
+    cpu_threads: int | None = None
 
     def to_workerinput(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "cores": list(self.cores)}
@@ -143,6 +147,27 @@ def resolve_device(options: Options) -> Resolved:
     )
 
 
+def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity: a container's or taskset's share, not the host's)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def resolve_cpu_threads(config: pytest.Config, options: Options, environ: Mapping[str, str]) -> int | None:
+    """``--cpu-threads``; else, where the environment sets OMP_NUM_THREADS, None (the runs inherit the
+    user's choice); else the usable CPUs shared among the session's workers (``planning.cpu_threads``).
+    Decided once, on the controller, which alone knows how many xdist workers there are."""
+    if options.cpu_threads is not None:
+        return options.cpu_threads
+    if environ.get("OMP_NUM_THREADS"):
+        return None
+    distributed = config.getoption("dist", "no") != "no"
+    workers = int(config.getoption("numprocesses", 0) or 0) if distributed else 1
+    return cpu_threads(usable_cpus(), workers)
+
+
 def with_judge(options: Options, catalog: Catalog | None = None) -> Options:
     """The judge, decided here only: ``--judge-model``, else the catalog's ``judge:``, else the default
     (a session without a catalog: the default)."""
@@ -168,6 +193,7 @@ def settings_for(options: Options, resolved: Resolved) -> Settings:
         session=resolved.session,
         self_check=resolved.self_check,
         hub_unreachable=resolved.hub_unreachable,
+        cpu_threads=resolved.cpu_threads,
         max_new_tokens=options.max_new_tokens,
         prompt=options.prompt,
         model_timeout=options.model_timeout,
@@ -230,7 +256,9 @@ def configure(config: pytest.Config) -> None:
         }
         _load_recorded(config)
         return
-    resolved = resolve_device(options)
+    resolved = dataclasses.replace(
+        resolve_device(options), cpu_threads=resolve_cpu_threads(config, options, os.environ)
+    )
     config.stash[resolved_key] = resolved
     config.stash[settings_key] = settings_for(options, resolved)
     try:
@@ -360,7 +388,7 @@ def plan_models(config: pytest.Config, models: Iterable[ModelSpec]) -> dict[str,
 def record_hub_unreachable(config: pytest.Config, reason: str) -> None:
     """The session found the Hub unreachable (``reason``, one line): its settings say so, and so does the
     :class:`Resolved` handed to xdist workers (``workerinput``), whose settings are made from it. Every
-    process started for a model then runs with ``HF_HUB_OFFLINE=1`` (``pipeline.offline_env``): a
+    process started for a model then runs with ``HF_HUB_OFFLINE=1`` (``pipeline.session_env``): a
     checkpoint not in the cache fails at once instead of through the client's connection retries."""
     config.stash[settings_key] = dataclasses.replace(config.stash[settings_key], hub_unreachable=reason)
     resolved = config.stash.get(resolved_key, None)

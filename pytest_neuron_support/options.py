@@ -55,6 +55,8 @@ class Options:
     memory_headroom: float
     max_cores: int
     progress_interval: float = 60.0
+    #: ``--cpu-threads``: intra-op CPU threads of each process run for a model; None: ``auto``.
+    cpu_threads: int | None = None
     #: ``--check``: the checks every entry gets this run (None: each entry's own ``checks:``).
     checks: tuple[str, ...] | None = None
 
@@ -230,6 +232,15 @@ def add_options(parser: pytest.Parser) -> None:
         "(default: each entry's own checks:, else inference)",
     )
     group.addoption(
+        "--cpu-threads",
+        type=cpu_threads,
+        default="auto",
+        metavar="N",
+        help="CPU threads (OMP_NUM_THREADS) of every process run for a model; auto (default): the usable CPUs "
+        "shared among the workers' concurrent runs (a device run beside its CPU reference), at least 1, or "
+        "OMP_NUM_THREADS where the environment sets it",
+    )
+    group.addoption(
         "--parity",
         default="exact",
         choices=PARITY_MODES,
@@ -331,6 +342,16 @@ def check_list(value: str) -> tuple[str, ...]:
     return names
 
 
+def cpu_threads(value: str) -> int | None:
+    """--cpu-threads: ``auto`` (None) or a whole number of threads."""
+    if value == "auto":
+        return None
+    try:
+        return positive_int("--cpu-threads")(value)
+    except pytest.UsageError as exc:
+        raise pytest.UsageError(f"{exc}, or --cpu-threads=auto") from None
+
+
 def shard_spec(value: str) -> str:
     """--shard I/N, checked here and parsed again into a Shard by :func:`parse_options`."""
     try:
@@ -376,6 +397,7 @@ def parse_options(config: pytest.Config) -> Options:
         cpu_check_memory_gib=get("cpu_check_memory_gib"),
         core_ledger=Path(get("core_ledger")).resolve() if get("core_ledger") else default_ledger_dir(),
         progress_interval=get("progress_interval"),
+        cpu_threads=get("cpu_threads"),
         checks=_checks(get("neuron_checks")),
     )
 

@@ -280,22 +280,29 @@ class ReferenceRun:
             self._thread.join()
 
 
-def offline_env(settings: Settings, environ: Mapping[str, str]) -> dict[str, str]:
-    """``environ`` for a process the session starts for a model, made offline (``HF_HUB_OFFLINE=1``)
-    when the session found the Hub unreachable (``settings.hub_unreachable``): ``from_pretrained``
-    then loads from the cache or fails at once, instead of through the client's connection retries
-    (about 50 s a load). Otherwise ``environ`` as it is (the user's own ``HF_HUB_OFFLINE`` included)."""
+def session_env(settings: Settings, environ: Mapping[str, str]) -> dict[str, str]:
+    """``environ`` for a process the session starts for a model:
+
+    - offline (``HF_HUB_OFFLINE=1``) when the session found the Hub unreachable
+      (``settings.hub_unreachable``): ``from_pretrained`` then loads from the cache or fails at once,
+      instead of through the client's connection retries (about 50 s a load); otherwise the user's own
+      ``HF_HUB_OFFLINE`` as it is;
+    - ``OMP_NUM_THREADS`` set to the session's ``settings.cpu_threads`` (``--cpu-threads``): the workers'
+      concurrent runs share the CPUs instead of each sizing its thread pool to the whole machine
+      (``planning.cpu_threads`` says what that oversubscription costs). None leaves the user's own."""
     env = dict(environ)
     if settings.hub_unreachable is not None:
         env["HF_HUB_OFFLINE"] = "1"
+    if settings.cpu_threads is not None:
+        env["OMP_NUM_THREADS"] = str(settings.cpu_threads)
     return env
 
 
 def device_run_env(settings: Settings, environ: Mapping[str, str], pinned: Mapping[str, str]) -> dict[str, str]:
     """The environment of a device run: the caller's (offline when the session found the Hub
-    unreachable: :func:`offline_env`), the lease's pinning (the device's core variable) and, with
-    ``--neff-cache``, the device's compile cache variable."""
-    env = {**offline_env(settings, environ), **pinned}
+    unreachable, with the session's CPU threads: :func:`session_env`), the lease's pinning (the
+    device's core variable) and, with ``--neff-cache``, the device's compile cache variable."""
+    env = {**session_env(settings, environ), **pinned}
     if settings.compile_cache is not None:
         env[settings.device.compile_cache_env] = str(settings.compile_cache)
     return env
@@ -653,7 +660,8 @@ _PIN_VARS = frozenset(kind.core_env_var for kind in DEVICES.values() if kind.cor
 
 def _cpu_env(settings: Settings, environ: Mapping[str, str]) -> dict[str, str]:
     """The environment of a CPU-side run (reference, CPU check, judge, training's CPU side): offline
-    when the session found the Hub unreachable (:func:`offline_env`), no device core pinning, and no
-    device backend autoloaded (importing torch would load torch-neuronx on a trn2 host)."""
-    env = offline_env(settings, environ)
+    when the session found the Hub unreachable, with the session's CPU threads (:func:`session_env`),
+    no device core pinning, and no device backend autoloaded (importing torch would load torch-neuronx
+    on a trn2 host)."""
+    env = session_env(settings, environ)
     return {**{k: v for k, v in env.items() if k not in _PIN_VARS}, **NO_DEVICE_ENV}

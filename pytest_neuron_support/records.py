@@ -17,7 +17,7 @@ from typing import Any
 from .checks import GRAD_NORM_RTOL, LOSS_ATOL, LOSS_RTOL
 from .signatures import MAX_MESSAGE, signature
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 #: Every value of the ``result`` column and exactly what it means.
 RESULTS: Mapping[str, str] = {
@@ -370,6 +370,15 @@ class Row:
         ),
     )
     peak_host_rss_bytes: int | None = field(default=None, metadata=_doc("peak resident memory of run.py"))
+    cpu_threads: int | None = field(
+        default=None,
+        metadata=_doc(
+            "intra-op CPU threads the device run.py ran with (its torch.get_num_threads(); the session's "
+            "--cpu-threads, by default the usable CPUs shared among the workers' concurrent runs); every "
+            "timing above was measured with it",
+            label="CPU threads",
+        ),
+    )
     tokens: tuple[int, ...] = field(default=(), metadata=_doc("generated token ids on the device"))
     text: str | None = field(default=None, metadata=_doc("generated text on the device"))
     reference_tokens: tuple[int, ...] = field(default=(), metadata=_doc("generated token ids on CPU"))

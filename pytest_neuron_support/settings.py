@@ -65,7 +65,9 @@ class Settings:
             e.g. ``http://host:port is unreachable (Connection refused)``), None when it answered or was
             not asked (``HF_HUB_OFFLINE=1`` set by the user is not this: the runs inherit it anyway).
             When set, every process the session starts for a model runs with ``HF_HUB_OFFLINE=1``
-            (``pipeline.offline_env``) and a load failure says why in one line.
+            (``pipeline.session_env``) and a load failure says why in one line.
+        cpu_threads: OMP_NUM_THREADS of every process the session runs for a model (``--cpu-threads``,
+            ``controller.resolve_cpu_threads``), None to leave the environment's as it is.
     """
 
     device: DeviceKind
@@ -93,6 +95,7 @@ class Settings:
     session: str = ""
     self_check: str | None = None
     hub_unreachable: str | None = None
+    cpu_threads: int | None = None
 
 
 def core_pool(settings: Settings) -> CorePool:

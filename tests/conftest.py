@@ -20,6 +20,20 @@ from faultkit import TAG_VAR, kill_own_processes
 from filelock import FileLock
 
 from pytest_neuron_support import zoo
+from pytest_neuron_support.controller import usable_cpus
+
+# This worker's own torch work (the zoo checks, in-process judges) and the run.py processes tests start
+# directly (run_script with os.environ) share the CPUs with the other xdist workers: one worker's
+# share of intra-op threads, as the plugin's --cpu-threads=auto gives each of its runs
+# (planning.cpu_threads says what an oversubscribed pool costs). Set before torch is imported here.
+# The xdist controller imports this file first and its workers inherit its environment: the mark
+# tells a worker the value is this file's (to be set again for the worker count), not the user's.
+# The sessions the tests start (pytester) do not inherit it: there the plugin decides (below).
+_OMP_MARK = "NEURON_SUPPORT_TESTS_OMP"
+_OWN_OMP = "OMP_NUM_THREADS" not in os.environ or os.environ.get(_OMP_MARK) == "1"
+if _OWN_OMP:
+    os.environ[_OMP_MARK] = "1"
+    os.environ["OMP_NUM_THREADS"] = str(max(1, usable_cpus() // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))))
 
 
 @pytest.fixture(autouse=True)
@@ -30,6 +44,15 @@ def _offline_subprocesses(monkeypatch: pytest.MonkeyPatch) -> None:
     cache fails at once instead of retrying DNS for minutes. Tests that talk to the loopback Hub
     from a subprocess set HF_HUB_OFFLINE=0 themselves."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+@pytest.fixture(autouse=True)
+def _sessions_pick_their_cpu_threads(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pytest sessions a test starts choose their runs' CPU threads themselves (--cpu-threads=auto),
+    as on a user's machine, instead of inheriting this worker's OMP_NUM_THREADS (set above)."""
+    if _OWN_OMP and "pytester" in request.fixturenames:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+        monkeypatch.delenv(_OMP_MARK, raising=False)
 
 
 @pytest.fixture(autouse=True)

@@ -15,7 +15,7 @@ from pytest_neuron_support.controller import Resolved, settings_for, with_judge
 from pytest_neuron_support.devices import DEVICES, NO_DEVICE_ENV
 from pytest_neuron_support.execution import ProcessOutcome
 from pytest_neuron_support.options import Options
-from pytest_neuron_support.pipeline import _cpu_env, device_run_env, offline_env
+from pytest_neuron_support.pipeline import _cpu_env, device_run_env, session_env
 from pytest_neuron_support.records import current_stack
 from pytest_neuron_support.rows import failure_of, offline_cause, offline_load_error
 from pytest_neuron_support.settings import Settings
@@ -54,15 +54,26 @@ def _outcome(tmp_path: Path, result: dict[str, object] | None, stage: str = "loa
 def test_runs_are_offline_only_when_the_session_found_the_hub_unreachable() -> None:
     environ = {"HOME": "/h", "HF_HUB_OFFLINE": "0", "NEURON_RT_VISIBLE_CORES": "3"}
     down, up = _settings(DOWN), _settings(None)
-    assert offline_env(down, environ) == {**environ, "HF_HUB_OFFLINE": "1"}
-    assert offline_env(up, environ) == environ  # reachable: nothing changes, the user's value included
-    assert offline_env(up, {"HF_HUB_OFFLINE": "1"}) == {"HF_HUB_OFFLINE": "1"}
+    assert session_env(down, environ) == {**environ, "HF_HUB_OFFLINE": "1"}
+    assert session_env(up, environ) == environ  # reachable: nothing changes, the user's value included
+    assert session_env(up, {"HF_HUB_OFFLINE": "1"}) == {"HF_HUB_OFFLINE": "1"}
     # Both kinds of process a model's check starts: the device run and every CPU-side run.
     assert device_run_env(down, environ, {"NEURON_RT_VISIBLE_CORES": "4"})["HF_HUB_OFFLINE"] == "1"
     assert _cpu_env(down, environ) == {"HOME": "/h", "HF_HUB_OFFLINE": "1", **NO_DEVICE_ENV}
     assert device_run_env(up, environ, {})["HF_HUB_OFFLINE"] == "0"
     assert _cpu_env(up, environ)["HF_HUB_OFFLINE"] == "0"
     assert environ["HF_HUB_OFFLINE"] == "0"  # the caller's mapping is not changed
+
+
+def test_every_process_run_for_a_model_gets_the_sessions_cpu_threads() -> None:
+    environ = {"HOME": "/h", "OMP_NUM_THREADS": "12"}
+    threads, inherit = dataclasses.replace(_settings(None), cpu_threads=3), _settings(None)
+    assert session_env(threads, environ)["OMP_NUM_THREADS"] == "3"
+    assert device_run_env(threads, environ, {"NEURON_RT_VISIBLE_CORES": "4"})["OMP_NUM_THREADS"] == "3"
+    assert _cpu_env(threads, environ)["OMP_NUM_THREADS"] == "3"
+    # None: the user's own OMP_NUM_THREADS (or none) reaches the runs as it is.
+    assert _cpu_env(inherit, environ)["OMP_NUM_THREADS"] == "12"
+    assert "OMP_NUM_THREADS" not in device_run_env(inherit, {"HOME": "/h"}, {})
 
 
 def test_an_uncached_checkpoint_offline_is_one_line_naming_the_cause() -> None:
@@ -95,7 +106,14 @@ def test_failure_of_names_the_offline_cause_of_load_failures_only(tmp_path: Path
 
 def test_the_finding_travels_to_workers_in_their_settings(tmp_path: Path) -> None:
     resolved = Resolved(
-        device="cpu", cores=(0, 1), pool=2, core_bytes=1 << 30, neuronx_cc="none", session="s", hub_unreachable=DOWN
+        device="cpu",
+        cores=(0, 1),
+        pool=2,
+        core_bytes=1 << 30,
+        neuronx_cc="none",
+        session="s",
+        hub_unreachable=DOWN,
+        cpu_threads=3,
     )
     shared = json.loads(json.dumps(resolved.to_workerinput()))  # workerinput crosses a process boundary
     assert Resolved.from_workerinput(shared) == resolved
@@ -129,6 +147,7 @@ def test_the_finding_travels_to_workers_in_their_settings(tmp_path: Path) -> Non
         )
     )
     assert settings_for(options, Resolved.from_workerinput(shared)).hub_unreachable == DOWN
+    assert settings_for(options, Resolved.from_workerinput(shared)).cpu_threads == 3  # decided on the controller
     reachable = dataclasses.replace(resolved, hub_unreachable=None)
     assert settings_for(options, reachable).hub_unreachable is None
 

@@ -23,6 +23,8 @@ from pytest_neuron_support.planning import DEFAULT_HEADROOM
         (options.prompt_text, "   ", "--prompt is empty"),
         (options.judge_model_id, "no id", "--judge-model='no id' is not a Hub id"),
         (options.shard_spec, "3/2", "3/2"),
+        (options.cpu_threads, "many", "--cpu-threads='many' is not an integer; pass a whole number, e.g. "),
+        (options.cpu_threads, "0", "at least 1, or --cpu-threads=auto"),
     ],
 )
 def test_validators_raise_usage_errors_that_name_the_fix(check: object, value: str, message: str) -> None:
@@ -37,6 +39,7 @@ def test_validators_return_plain_values() -> None:
     assert options.fraction("--memory-headroom")("0.25") == 0.25
     assert options.non_negative_seconds("--progress-interval")("0") == 0.0
     assert options.shard_spec("1/4") == "1/4"
+    assert (options.cpu_threads("auto"), options.cpu_threads("6")) == (None, 6)
     assert options.judge_model_id("Qwen/Qwen2.5-0.5B-Instruct") == "Qwen/Qwen2.5-0.5B-Instruct"
 
 

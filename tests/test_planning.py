@@ -30,6 +30,7 @@ from pytest_neuron_support.planning import (
     Plan,
     PlanningError,
     count_safetensors_parameters,
+    cpu_threads,
     inspect_model,
     plan_cores,
     read_safetensors_header,
@@ -577,3 +578,18 @@ def test_local_safetensors_headers_split_expert_tensors_by_name(tmp_path: Path) 
         str(tmp_path / "model.safetensors"),
     )
     assert count_safetensors_split([tmp_path / "model.safetensors"]) == (40 + 24 + 24 + 12, 48)
+
+
+@pytest.mark.parametrize(
+    ("cpus", "workers", "threads"),
+    [
+        (2, 1, 1),  # one item: its device run and its reference, one CPU each
+        (2, 2, 1),  # never fewer than one
+        (8, 1, 4),
+        (8, 0, 4),  # xdist off (-n 0) is one worker
+        (192, 16, 6),  # a trn2.48xlarge's vCPUs, -n 16
+        (7, 2, 1),
+    ],
+)
+def test_cpu_threads_share_the_cpus_among_the_workers_concurrent_runs(cpus: int, workers: int, threads: int) -> None:
+    assert cpu_threads(cpus, workers) == threads

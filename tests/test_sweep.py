@@ -13,7 +13,9 @@ import pytest
 from pytest_neuron_support import zoo
 from pytest_neuron_support.catalog import load_catalog
 from pytest_neuron_support.checks import DEFAULT_MIN_COSINE
+from pytest_neuron_support.controller import usable_cpus
 from pytest_neuron_support.execution import run_script
+from pytest_neuron_support.planning import cpu_threads
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow
@@ -104,6 +106,8 @@ def test_tiny_zoo_sweep_passes_every_architecture_with_four_workers_over_four_co
     assert list(embedded.model_id) == [zoo.MINILM_REPO]
     assert (embedded.min_cosine >= DEFAULT_MIN_COSINE).all() and (embedded.tokens.map(len) == 0).all()
     assert (df.neuronx_cc == "none").all() and (df.library == "transformers").all()
+    # Every run shared the CPUs with the other workers' runs instead of sizing its pool to the machine.
+    assert (df.cpu_threads == cpu_threads(usable_cpus(), 4)).all(), df.cpu_threads
     assert df.runscript.str.contains("cache_implementation").all()
     # That the stored run.py is the one that ran is checked by running it again: see
     # test_parity_failure_and_load_error_are_rows_and_the_sweep_goes_on.

@@ -120,6 +120,9 @@ def run_and_write(out, rank=0):
         print(result["traceback"], file=sys.stderr)
     result["wall_s"] = time.perf_counter() - started
     result["peak_host_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    torch = sys.modules.get("torch")
+    if torch is not None:  # the threads every timing above was measured with (OMP_NUM_THREADS)
+        result["cpu_threads"] = torch.get_num_threads()
     result["versions"] = versions()
     write_json(out, result)
     return result

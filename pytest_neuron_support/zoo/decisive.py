@@ -9,7 +9,7 @@ from types import MappingProxyType
 from typing import Any
 
 from .spec import ARCHS, TINY_PROMPT
-from .text import _greedy, _quiet_transformers, _transformers
+from .text import _greedy, _quiet_transformers, _single_thread, _transformers
 from .vlm import _vlm_inputs
 
 
@@ -45,7 +45,8 @@ def check_decisive(
     """Load ``repo_id`` offline from the Hub cache ``cache_dir`` and greedy-decode ``max_new_tokens``
     tokens of ``prompt`` in fp32 eager, bf16 eager and bf16 with compiled (static cache, inductor)
     decoding.  Resets torch._dynamo before compiling.  A vision-language repo is decoded as run.py
-    runs it: its processor's chat template around the test card and the prompt."""
+    runs it: its processor's chat template around the test card and the prompt.  Decodes on one
+    intra-op thread, as the builder trained and checked it (``_single_thread``)."""
     import torch
 
     tf = _transformers()
@@ -65,7 +66,7 @@ def check_decisive(
         return {"pixel_values": enc["pixel_values"].to(dtype)} if vision else {}
 
     tokens: dict[str, tuple[int, ...]] = {}
-    with _quiet_transformers():
+    with _quiet_transformers(), _single_thread():
         model = auto.from_pretrained(repo_id, dtype=torch.float32, **load).eval()
         tokens["fp32_eager"], gap32 = _greedy(model, ids, mask, max_new_tokens, extra=extra(torch.float32))
         model = auto.from_pretrained(repo_id, dtype=torch.bfloat16, **load).eval()
