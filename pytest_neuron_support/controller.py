@@ -155,17 +155,19 @@ def usable_cpus() -> int:
         return os.cpu_count() or 1
 
 
-def resolve_cpu_threads(config: pytest.Config, options: Options, environ: Mapping[str, str]) -> int | None:
+def resolve_cpu_threads(
+    config: pytest.Config, options: Options, environ: Mapping[str, str], cpus: int | None = None
+) -> int | None:
     """``--cpu-threads``; else, where the environment sets OMP_NUM_THREADS, None (the runs inherit the
-    user's choice); else the usable CPUs shared among the session's workers (``planning.cpu_threads``).
-    Decided once, on the controller, which alone knows how many xdist workers there are."""
+    user's choice); else the usable CPUs (``cpus``, default :func:`usable_cpus`) shared among the
+    session's workers (``planning.cpu_threads``; ``-n N`` is N workers, none is one). Decided once, on
+    the controller, which alone knows how many xdist workers there are."""
     if options.cpu_threads is not None:
         return options.cpu_threads
     if environ.get("OMP_NUM_THREADS"):
         return None
-    distributed = config.getoption("dist", "no") != "no"
-    workers = int(config.getoption("numprocesses", 0) or 0) if distributed else 1
-    return cpu_threads(usable_cpus(), workers)
+    workers = max(1, int(config.getoption("numprocesses", 0) or 0))
+    return cpu_threads(usable_cpus() if cpus is None else cpus, workers)
 
 
 def with_judge(options: Options, catalog: Catalog | None = None) -> Options:

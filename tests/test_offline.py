@@ -159,3 +159,23 @@ def test_settings_hash_does_not_depend_on_the_hub(reason: str | None) -> None:
 
     model = ModelSpec(id="org/m")
     assert settings_hash(model, _settings(reason)) == settings_hash(model, _settings(None))
+
+
+@pytest.mark.parametrize(
+    ("args", "environ", "threads"),
+    [
+        (("--cpu-threads=3",), {"OMP_NUM_THREADS": "8"}, 3),  # the option wins
+        ((), {"OMP_NUM_THREADS": "8"}, None),  # the user's own variable reaches the runs as it is
+        ((), {}, 8),  # one worker: its device run and its reference share 16 CPUs
+        (("-n", "3"), {}, 2),  # three workers: six concurrent runs on 16 CPUs
+        (("-n", "0"), {}, 8),
+    ],
+)
+def test_the_controller_decides_the_runs_cpu_threads(
+    pytester: pytest.Pytester, args: tuple[str, ...], environ: dict[str, str], threads: int | None
+) -> None:
+    from pytest_neuron_support.controller import resolve_cpu_threads
+    from pytest_neuron_support.options import parse_options
+
+    config = pytester.parseconfig(*args)
+    assert resolve_cpu_threads(config, parse_options(config), environ, cpus=16) == threads
