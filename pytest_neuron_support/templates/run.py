@@ -333,12 +333,14 @@ class StepClock:
         pass
 
     def split(self):
-        """(seconds to the first new token, new tokens per second after it); None where unknown."""
+        """(seconds to the first new token, new tokens per second after it, seconds from the first new
+        token to the last); None where unknown. The rate is the tokens after the first over that span,
+        which ends at the last token: generate()'s own work after it is in generate_s only."""
         steps = self.times[1:]
         if not steps:
-            return None, None
+            return None, None, None
         span = steps[-1] - steps[0]
-        return steps[0] - self.start, ((len(steps) - 1) / span if len(steps) > 1 and span > 0 else None)
+        return steps[0] - self.start, ((len(steps) - 1) / span if len(steps) > 1 and span > 0 else None), span
 
 
 def run_generation(torch, preprocessor, model):
@@ -364,7 +366,7 @@ def run_generation(torch, preprocessor, model):
     synchronize(torch)
     second_s = time.perf_counter() - start
     recompiles = int(counters["stats"]["unique_graphs"]) - graphs
-    first_token_s, decode_rate = clock.split()
+    first_token_s, decode_rate, decode_s = clock.split()
 
     tokens = [int(t) for t in first.sequences[0, n_prompt:].tolist()]
     tokens_again = [int(t) for t in second.sequences[0, n_prompt:].tolist()]
@@ -387,6 +389,7 @@ def run_generation(torch, preprocessor, model):
         "generate_s": second_s,
         "time_to_first_token_s": first_token_s,
         "decode_tokens_per_s": decode_rate,
+        "decode_s": decode_s,
     }
     if SPEC.get("score_own_tokens"):
         # The teacher-forced pass over this run's own tokens: when a device run generated the very
