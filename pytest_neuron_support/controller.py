@@ -31,7 +31,7 @@ from .devices import DEVICES, DeviceNotFound, compiler_version, fallback_core_by
 from .execution import end_with_parent
 from .options import Options, options_key, parse_options
 from .pipeline import plan_checks
-from .planning import Plan, cpu_threads
+from .planning import Plan, cpu_threads, usable_cpus
 from .progress import Progress
 from .records import current_stack
 from .reporting import ResultsWriter, writer_key
@@ -145,14 +145,6 @@ def resolve_device(options: Options) -> Resolved:
         session=uuid.uuid4().hex[:12],
         self_check=read_self_check(options.results_dir, options.device),
     )
-
-
-def usable_cpus() -> int:
-    """CPUs this process may run on (its affinity: a container's or taskset's share, not the host's)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 def resolve_cpu_threads(

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import struct
 from collections.abc import Callable, Mapping, Sequence
@@ -239,6 +240,14 @@ def training_bytes(parameters: int, dtype: str) -> int:
 #: Processes one item runs at the same time on the host CPU: its device run and, beside it, its CPU
 #: reference (pipeline.ReferenceRun). The CPU check and the judge run after the device run ends.
 CONCURRENT_RUNS_PER_ITEM = 2
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity: a container's or taskset's share, not the host's)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
 
 
 def cpu_threads(cpus: int, workers: int) -> int:

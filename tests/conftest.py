@@ -20,7 +20,7 @@ from faultkit import TAG_VAR, kill_own_processes
 from filelock import FileLock
 
 from pytest_neuron_support import zoo
-from pytest_neuron_support.controller import usable_cpus
+from pytest_neuron_support.planning import usable_cpus
 
 # This worker's own torch work (the zoo checks, in-process judges) and the run.py processes tests start
 # directly (run_script with os.environ) share the CPUs with the other xdist workers: one worker's

@@ -13,9 +13,8 @@ import pytest
 from pytest_neuron_support import zoo
 from pytest_neuron_support.catalog import load_catalog
 from pytest_neuron_support.checks import DEFAULT_MIN_COSINE
-from pytest_neuron_support.controller import usable_cpus
 from pytest_neuron_support.execution import run_script
-from pytest_neuron_support.planning import cpu_threads
+from pytest_neuron_support.planning import cpu_threads, usable_cpus
 from pytest_neuron_support.settings import slug
 
 REPO = Path(__file__).resolve().parent.parent

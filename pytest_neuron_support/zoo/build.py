@@ -17,13 +17,9 @@ from .vlm import _build_vlm
 
 def _workers(jobs: int) -> int:
     """Builder processes: one per CPU this process may use, at most one per checkpoint."""
-    import os
+    from ..planning import usable_cpus
 
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cpus = os.cpu_count() or 1
-    return max(1, min(cpus, jobs))
+    return max(1, min(usable_cpus(), jobs))
 
 
 #: One builder process's tokenizer and training data, loaded on its first job (see :func:`_build_job`).
