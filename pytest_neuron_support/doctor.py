@@ -419,7 +419,7 @@ def rank_entry(rank, world, port, out):
         result["traceback"] = traceback.format_exc()[-4000:]
     _write(f"{out}.rank{rank}", result)
     if "error" in result:
-        sys.exit(1)  # torch.multiprocessing then stops the other rank instead of leaving it blocked
+        sys.exit(1)  # check() then stops the other rank instead of leaving it blocked
 
 
 def free_port():
@@ -431,14 +431,28 @@ def free_port():
 
 
 def check():
-    import torch.multiprocessing as mp
+    # Started as run.py starts its ranks: the standard library's spawn context, torch not imported here.
+    import multiprocessing
+    import signal
+    from multiprocessing.connection import wait
 
     out, world = sys.argv[1], 2
+    port = free_port()
+    context = multiprocessing.get_context("spawn")
+    ranks = [context.Process(target=rank_entry, args=(rank, world, port, out)) for rank in range(world)]
+    for process in ranks:
+        process.start()
     failure = None
-    try:
-        mp.spawn(rank_entry, args=(world, free_port(), out), nprocs=world, join=True, start_method="spawn")
-    except Exception as exc:
-        failure = f"{type(exc).__name__}: {exc}"[:3000]
+    while any(process.exitcode is None for process in ranks):
+        wait([process.sentinel for process in ranks if process.exitcode is None])
+        for rank, process in enumerate(ranks):
+            code = process.exitcode
+            if code and failure is None:
+                failure = f"rank {rank} terminated with " + (
+                    f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+                )
+                for other in ranks:
+                    other.terminate()
     ranks = []
     for rank in range(world):
         try:

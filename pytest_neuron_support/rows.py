@@ -163,6 +163,9 @@ def failure_of(
     if result is not None and not result.get("ok"):
         stage = str(result.get("stage") or outcome.last_stage)
         error = f"{result.get('error_type')}: {result.get('error')}"
+        if result.get("error_type") == "RankDied":
+            # A rank that died wrote no result: its last words are only in the shared log.
+            error = f"{error}\n{outcome.log_tail(1500)}".rstrip()
         if offline is not None and stage in ("start", "load"):
             error = offline_load_error(error, offline, checkpoint)
         return "ERROR", stage, error

@@ -5,8 +5,7 @@ A signature is ``<stage>: <ExceptionType>[ <operation or module>]: <normalised m
 
     compile: BackendCompilerFailed aten::_fancy_op: backend='neuron' raised: NotImplementedError: Could not
         run '<op>' with arguments from the 'Neuron' backend.
-    load: RankDied: rank(s) <ranks> died without a result: ProcessExitedException: process <n> terminated
-        with signal SIGKILL
+    load: RankDied: rank(s) <ranks> died without a result: rank <n> terminated with signal SIGKILL
     load: run.py killed by SIGSEGV
     parity: teacher-forced disagreement at token 1-3
 

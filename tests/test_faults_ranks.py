@@ -42,7 +42,7 @@ def test_a_rank_killed_by_a_signal_is_an_error_row_and_no_rank_is_left(
     assert (died.result, died.failure_stage, died.neuron_cores) == ("ERROR", "load", 2)
     # Rank 0 may be stopped by the launcher before it reports, so it can be listed too.
     assert re.search(r"rank\(s\) \[(0, )?1\] died without a result", died.error), died.error
-    assert "process 1 terminated with signal SIGKILL" in died.error, died.error
+    assert "rank 1 terminated with signal SIGKILL" in died.error, died.error
 
     # The tree as it ran (each process recorded itself when it started): the launcher, run.py in
     # mistral's run directory, spawned both ranks (spawn, not fork: a forked rank is no new

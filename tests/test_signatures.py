@@ -144,14 +144,11 @@ def test_a_sigkill_is_not_taken_for_an_out_of_memory_error() -> None:
 
 def test_rank_deaths_group_whichever_rank_died_and_keep_the_signal_and_exit_code() -> None:
     def died(ranks: str, process: int, how: str) -> str | None:
-        error = f"RankDied: rank(s) [{ranks}] died without a result: ProcessExitedException: process {process} {how}"
+        error = f"RankDied: rank(s) [{ranks}] died without a result: rank {process} {how}\n[neuron-support] stage=load"
         return sig("org/moe", "load", error)
 
     killed = died("1", 1, "terminated with signal SIGKILL")
-    assert killed == (
-        "load: RankDied: rank(s) <ranks> died without a result: ProcessExitedException: process <n> terminated "
-        "with signal SIGKILL"
-    )
+    assert killed == "load: RankDied: rank(s) <ranks> died without a result: rank <n> terminated with signal SIGKILL"
     assert died("0, 1", 0, "terminated with signal SIGKILL") == killed
     assert died("1", 1, "terminated with signal SIGSEGV") != killed
     exited = died("1", 1, "terminated with exit code 1")
@@ -307,7 +304,7 @@ def test_different_root_causes_have_different_signatures() -> None:
         ("load", "MemoryError: "),
         ("load", "run.py killed by SIGSEGV"),
         ("load", "run.py killed by SIGKILL (host out of memory?)"),
-        ("load", "RankDied: rank(s) [1] died without a result: ProcessExitedException: process 1 terminated with "),
+        ("load", "RankDied: rank(s) [1] died without a result: rank 1 terminated with signal SIGKILL"),
         ("load", "RuntimeError: rank 1: boom on rank 1"),
         ("load", "ValueError: rank 1: boom on rank 1"),
         ("load", "FileNotFoundError: [Errno 2] No such file or directory: '/x/config.json'"),
