@@ -21,8 +21,9 @@ from .cores import default_ledger_dir
 from .devices import AUTO_ORDER
 from .planning import CORE_CHOICES, DEFAULT_HEADROOM, DEFAULT_MAX_CORES
 from .sharding import Shard, ShardError, parse_shard, shard_from_env
+from .storage import cache_home
 
-DEFAULT_CACHE_HOME = Path(os.environ.get("NEURON_SUPPORT_CACHE", "~/.cache/neuron-support"))
+DEFAULT_CACHE_HOME = cache_home()
 
 
 @dataclass(frozen=True)

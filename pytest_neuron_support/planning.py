@@ -19,6 +19,10 @@ use them: this module is imported by the pytest plugin at collection time, and `
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import hashlib
+import importlib.metadata
 import json
 import math
 import os
@@ -32,6 +36,7 @@ from typing import Any
 
 from . import hub
 from .catalog import ModelSpec
+from .storage import cache_home, write_atomic
 
 GIB = 1 << 30
 
@@ -121,50 +126,138 @@ class ModelShape:
         parameters: int,
         weights_source: str = "given",
         expert_parameters: int | None = None,
+        cache: Path | None = None,
     ) -> ModelShape:
         """Build a shape from a ``config.json`` mapping and a parameter count.
 
-        The transformers config class is instantiated from the mapping so its attribute map
-        normalises legacy names (gpt2's ``n_head``) and its defaults fill absent keys (a missing
-        ``num_key_value_heads`` means no GQA). For VLMs the heads and the TP plan live in the text
-        config. A ``model_type`` transformers does not know, or a config it cannot build, falls back
-        to the raw fields with ``has_tp_plan=False``: without transformers' plan there is nothing
-        that would shard the model. ``expert_parameters`` None estimates the experts' share from the
-        config (:func:`estimate_expert_parameters`).
+        The config's heads, experts and TP plan are transformers' reading of it (:func:`config_facts`,
+        kept in ``cache`` when given). ``expert_parameters`` None estimates the experts' share from
+        the config (:func:`estimate_expert_parameters`).
         """
         model_type = config.get("model_type")
         if not isinstance(model_type, str) or not model_type:
             raise PlanningError("config.json has no 'model_type', so the architecture cannot be identified")
         if isinstance(parameters, bool) or not isinstance(parameters, int) or parameters < 0:
             raise PlanningError(f"parameter count must be a non-negative integer (got {parameters!r})")
-        text = _transformers_text_config(model_type, config)
-        if text is None:
-            raw = config.get("text_config")
-            fields: Mapping[str, Any] = raw if isinstance(raw, Mapping) else config
-            heads = _first_positive(fields.get(key) for key in _HEAD_KEYS)
-            kv_heads = _first_positive(fields.get(key) for key in _KV_HEAD_KEYS) or heads
-            experts = _first_positive(fields.get(key) for key in _EXPERT_KEYS)
-            has_tp_plan = False
-        else:
-            heads = _first_positive([getattr(text, "num_attention_heads", None)])
-            kv_heads = _first_positive([getattr(text, "num_key_value_heads", None)]) or heads
-            experts = _first_positive(getattr(text, key, None) for key in _EXPERT_KEYS)
-            has_tp_plan = bool(getattr(text, "base_model_tp_plan", None))
+        facts = config_facts(config, cache)
         if expert_parameters is None:
-            # transformers' config object fills the defaults a config.json leaves out.
-            raw_text = config.get("text_config")
-            source = vars(text) if text is not None else raw_text if isinstance(raw_text, Mapping) else config
-            expert_parameters = estimate_expert_parameters(source, experts) if experts else 0
+            expert_parameters = facts.expert_estimate
         return cls(
             model_type=model_type,
-            num_attention_heads=heads,
-            num_key_value_heads=kv_heads,
-            num_experts=experts,
-            has_tp_plan=has_tp_plan,
+            num_attention_heads=facts.heads,
+            num_key_value_heads=facts.kv_heads,
+            num_experts=facts.experts,
+            has_tp_plan=facts.has_tp_plan,
             parameters=parameters,
             weights_source=weights_source,
             expert_parameters=min(expert_parameters, parameters),
         )
+
+
+#: Where :func:`config_facts` keeps what it read: this variable, else the ``config-facts`` folder
+#: of the cache home (:func:`.storage.cache_home`); ``none`` keeps nothing.
+CONFIG_CACHE_ENV = "NEURON_SUPPORT_CONFIG_CACHE"
+
+#: Bumped when :class:`ConfigFacts` or the way it is read changes, so older entries are misses.
+CONFIG_FACTS_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class ConfigFacts:
+    """transformers' reading of one ``config.json``: the part of a :class:`ModelShape` the config decides.
+
+    The config class is built from the mapping so its attribute map normalises legacy names (gpt2's
+    ``n_head``) and its defaults fill absent keys (a missing ``num_key_value_heads`` means no GQA).
+    For VLMs the heads and the TP plan live in the text config. A ``model_type`` transformers does
+    not know, or a config it cannot build, falls back to the raw fields with ``has_tp_plan=False``:
+    without transformers' plan there is nothing that would shard the model.
+
+    Attributes:
+        known: transformers built its config class from the mapping (False: the raw fields were read).
+        heads: query heads of the language model; 0 if unknown.
+        kv_heads: KV heads; ``heads`` for models without GQA/MQA.
+        experts: routed experts per MoE layer; 0 for dense models.
+        has_tp_plan: the (text) config class has a non-empty ``base_model_tp_plan``.
+        expert_estimate: :func:`estimate_expert_parameters` over the config with the class's
+            defaults filled in; 0 for dense models.
+    """
+
+    known: bool
+    heads: int
+    kv_heads: int
+    experts: int
+    has_tp_plan: bool
+    expert_estimate: int
+
+
+def config_cache_dir(environ: Mapping[str, str] = os.environ) -> Path | None:
+    """Where config facts are kept (:data:`CONFIG_CACHE_ENV`), None when nothing is to be kept."""
+    override = environ.get(CONFIG_CACHE_ENV)
+    if override:
+        return None if override == "none" else Path(override).expanduser()
+    return cache_home(environ).expanduser() / "config-facts"
+
+
+def config_facts(config: Mapping[str, Any], cache: Path | None = None) -> ConfigFacts:
+    """transformers' reading of ``config`` (:class:`ConfigFacts`), from ``cache`` when it holds it.
+
+    Reading builds transformers' config class, and importing transformers imports torch: 3 to 5 s
+    of CPU in every session that plans, where planning itself takes milliseconds. An entry is keyed
+    by the whole config and the installed transformers version (and :data:`CONFIG_FACTS_FORMAT`),
+    so a hit is what reading would give; an unreadable entry is read afresh and replaced."""
+    if cache is None:
+        return _read_config_facts(config)
+    parts = {"format": CONFIG_FACTS_FORMAT, "transformers": _transformers_version(), "config": config}
+    key = hashlib.sha256(json.dumps(parts, sort_keys=True, default=repr).encode()).hexdigest()[:32]
+    path = cache / f"{key}.json"
+    with contextlib.suppress(OSError, ValueError, TypeError):
+        stored = json.loads(path.read_text(encoding="utf-8"))
+        # Field types are annotations written as text ("int", "bool"): an entry of other types is not one.
+        kinds = {field.name: field.type for field in dataclasses.fields(ConfigFacts)}
+        if (
+            isinstance(stored, dict)
+            and stored.keys() == kinds.keys()
+            and all(type(stored[name]).__name__ == kind for name, kind in kinds.items())
+        ):
+            return ConfigFacts(**stored)
+    facts = _read_config_facts(config)
+    # A cache that cannot be written (read-only home, full disk) only costs the next session the read.
+    with contextlib.suppress(OSError):
+        write_atomic(path, json.dumps(dataclasses.asdict(facts)))
+    return facts
+
+
+def _transformers_version() -> str:
+    try:
+        return importlib.metadata.version("transformers")
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _read_config_facts(config: Mapping[str, Any]) -> ConfigFacts:
+    text = _transformers_text_config(str(config.get("model_type")), config)
+    if text is None:
+        raw = config.get("text_config")
+        fields: Mapping[str, Any] = raw if isinstance(raw, Mapping) else config
+        heads = _first_positive(fields.get(key) for key in _HEAD_KEYS)
+        kv_heads = _first_positive(fields.get(key) for key in _KV_HEAD_KEYS) or heads
+        experts = _first_positive(fields.get(key) for key in _EXPERT_KEYS)
+        has_tp_plan = False
+        source = fields
+    else:
+        heads = _first_positive([getattr(text, "num_attention_heads", None)])
+        kv_heads = _first_positive([getattr(text, "num_key_value_heads", None)]) or heads
+        experts = _first_positive(getattr(text, key, None) for key in _EXPERT_KEYS)
+        has_tp_plan = bool(getattr(text, "base_model_tp_plan", None))
+        source = vars(text)  # transformers' config object fills the defaults a config.json leaves out
+    return ConfigFacts(
+        known=text is not None,
+        heads=heads,
+        kv_heads=kv_heads,
+        experts=experts,
+        has_tp_plan=has_tp_plan,
+        expert_estimate=estimate_expert_parameters(source, experts) if experts else 0,
+    )
 
 
 #: A tensor of a routed expert: ``...mlp.experts.3.down_proj.weight`` (qwen*_moe, deepseek),
@@ -540,7 +633,7 @@ def _brief(exc: BaseException) -> str:
 def _shape(model: ModelSpec, config: Mapping[str, Any], counts: tuple[int, int], source: str) -> ModelShape:
     """The shape from a config and (all parameters, those in routed experts)."""
     try:
-        return ModelShape.from_config(config, counts[0], source, expert_parameters=counts[1])
+        return ModelShape.from_config(config, counts[0], source, expert_parameters=counts[1], cache=config_cache_dir())
     except PlanningError as exc:
         raise PlanningError(f"cannot inspect {_label(model)}: {exc}") from exc
 

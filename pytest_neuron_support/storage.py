@@ -13,8 +13,17 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+
+#: The plugin's cache home (CPU references, config facts): NEURON_SUPPORT_CACHE, else this.
+CACHE_HOME_ENV = "NEURON_SUPPORT_CACHE"
+DEFAULT_CACHE_HOME = "~/.cache/neuron-support"
+
+
+def cache_home(environ: Mapping[str, str] = os.environ) -> Path:
+    """The folder the plugin's caches live in, unless an option or variable of their own says otherwise."""
+    return Path(environ.get(CACHE_HOME_ENV) or DEFAULT_CACHE_HOME)
 
 
 def write_atomic(path: Path, content: str | bytes | Callable[[Path], None], *, mode: int | None = None) -> Path:

@@ -20,7 +20,7 @@ from faultkit import TAG_VAR, kill_own_processes
 from filelock import FileLock
 
 from pytest_neuron_support import zoo
-from pytest_neuron_support.planning import usable_cpus
+from pytest_neuron_support.planning import CONFIG_CACHE_ENV, usable_cpus
 
 # This worker's own torch work (the zoo checks, in-process judges) and the run.py processes tests start
 # directly (run_script with os.environ) share the CPUs with the other xdist workers: one worker's
@@ -107,6 +107,16 @@ def _suite_reference_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     home = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "shared-cache-home"
     home.mkdir(exist_ok=True)
     return home
+
+
+@pytest.fixture(autouse=True)
+def _shared_config_facts(_suite_reference_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every session the tests start keeps transformers' reading of a config in one folder for the
+    whole run, as sessions on a user's machine share ``~/.cache`` (pytester gives each test a HOME of
+    its own). An entry is keyed by the whole config and the transformers version
+    (``planning.config_facts``), so a hit is what reading would give; the tests of that cache give
+    it folders of their own."""
+    monkeypatch.setenv(CONFIG_CACHE_ENV, str(_suite_reference_home / "config-facts"))
 
 
 @pytest.fixture

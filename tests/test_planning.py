@@ -593,3 +593,49 @@ def test_local_safetensors_headers_split_expert_tensors_by_name(tmp_path: Path) 
 )
 def test_cpu_threads_share_the_cpus_among_the_workers_concurrent_runs(cpus: int, workers: int, threads: int) -> None:
     assert cpu_threads(cpus, workers) == threads
+
+
+def test_config_facts_are_read_once_and_a_later_process_plans_from_them_without_transformers(tmp_path: Path) -> None:
+    cache = tmp_path / "facts"
+    config = fixture("google_gemma-3-1b-it")["config"]
+    first = ModelShape.from_config(config, 1_000_000, cache=cache)
+    assert [p.suffix for p in cache.iterdir()] == [".json"]  # one entry, written atomically (no temporary left)
+    assert first == ModelShape.from_config(config, 1_000_000)  # what reading without a cache gives
+    # A fresh process with the same config and cache: the same shape, and transformers never imported.
+    code = textwrap.dedent(
+        f"""
+        import dataclasses, json, sys
+        from pathlib import Path
+        from pytest_neuron_support.planning import ModelShape
+        config = json.loads({json.dumps(json.dumps(config))})
+        shape = ModelShape.from_config(config, 1_000_000, cache=Path({str(cache)!r}))
+        print(json.dumps([dataclasses.asdict(shape), "transformers" in sys.modules, "torch" in sys.modules]))
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO).stdout
+    assert json.loads(out) == [dataclasses.asdict(first), False, False]
+
+
+def test_config_facts_entries_follow_the_config_and_a_bad_entry_is_read_afresh(tmp_path: Path) -> None:
+    from pytest_neuron_support.planning import config_facts
+
+    cache = tmp_path / "facts"
+    config = {"model_type": "llama", "num_attention_heads": 8}
+    facts = config_facts(config, cache)
+    assert (facts.known, facts.heads, facts.kv_heads, facts.has_tp_plan) == (True, 8, 8, True)
+    gqa = config_facts({**config, "num_key_value_heads": 2}, cache)  # another config: another entry
+    assert (gqa.heads, gqa.kv_heads) == (8, 2) and len(list(cache.iterdir())) == 2
+    (entry,) = [e for e in cache.iterdir() if json.loads(e.read_text())["kv_heads"] == 8]
+    for bad in ("{not json", json.dumps({"heads": 8}), json.dumps({**dataclasses.asdict(facts), "heads": "8"})):
+        entry.write_text(bad)
+        assert config_facts(config, cache) == facts  # an entry of the wrong shape or types is no hit
+        assert json.loads(entry.read_text()) == dataclasses.asdict(facts)  # and it was replaced
+
+
+def test_config_facts_folder_follows_the_environment(tmp_path: Path) -> None:
+    from pytest_neuron_support.planning import config_cache_dir
+
+    assert config_cache_dir({"NEURON_SUPPORT_CONFIG_CACHE": str(tmp_path)}) == tmp_path
+    assert config_cache_dir({"NEURON_SUPPORT_CONFIG_CACHE": "none"}) is None
+    assert config_cache_dir({"NEURON_SUPPORT_CACHE": str(tmp_path)}) == tmp_path / "config-facts"
+    assert config_cache_dir({}) == Path("~/.cache/neuron-support/config-facts").expanduser()
