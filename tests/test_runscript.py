@@ -188,6 +188,7 @@ def test_run_py_and_train_py_carry_the_one_common_code_inlined_once() -> None:
         "end_with_parent",
         "rank_entry",
         "free_port",
+        "spawn_ranks",
         "launch_ranks",
         # the entry point
         "main",
