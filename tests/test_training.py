@@ -87,7 +87,7 @@ def test_train_py_has_every_setting_written_in() -> None:
         'max_steps=SPEC["steps"]',
         'bf16=SPEC["dtype"] == "bfloat16"',
         "DistributedConfig(**candidate)",
-        'start_method="spawn"',
+        'get_context("spawn")',
     ):
         assert needle in source, needle
     assert "Does tiny-random/smollm3 fine-tune on neuron?" in source
