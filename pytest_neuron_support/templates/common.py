@@ -181,8 +181,8 @@ def rank_entry(rank, world, port, out):
         sys.exit(1)  # makes spawn_ranks stop the other ranks instead of leaving them blocked
     dist = sys.modules.get("torch.distributed")
     if dist is not None and dist.is_initialized():
-        # Torn down here, not by the interpreter's exit: a process group destroyed at exit, while
-        # other ranks still hold connections to it, can take this rank down after its result.
+        # An orderly teardown, as torch asks of every rank: multiprocessing ends this process with
+        # os._exit, which runs no destructor, so nothing else would close the group.
         dist.destroy_process_group()
 
 
