@@ -19,6 +19,7 @@ This module imports neither torch nor transformers.
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
 import dataclasses
 import json
@@ -40,6 +41,7 @@ from typing import Any
 
 from .cores import parse_neuron_ls, session_cores
 from .devices import AUTO_ORDER, DEVICES, NO_DEVICE_ENV, DeviceKind, ProbeResult, fallback_core_bytes, probe
+from .runscript import template
 from .storage import write_atomic
 
 OK = "OK"
@@ -419,40 +421,18 @@ def rank_entry(rank, world, port, out):
         result["traceback"] = traceback.format_exc()[-4000:]
     _write(f"{out}.rank{rank}", result)
     if "error" in result:
-        sys.exit(1)  # check() then stops the other rank instead of leaving it blocked
+        sys.exit(1)  # spawn_ranks then stops the other rank instead of leaving it blocked
 
 
-def free_port():
-    import socket
+import signal  # used by spawn_ranks, besides the prelude's imports
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+# run.py's free_port and spawn_ranks, spliced in by _launcher():
+# @@LAUNCHER@@
 
 
 def check():
-    # Started as run.py starts its ranks: the standard library's spawn context, torch not imported here.
-    import multiprocessing
-    import signal
-    from multiprocessing.connection import wait
-
     out, world = sys.argv[1], 2
-    port = free_port()
-    context = multiprocessing.get_context("spawn")
-    ranks = [context.Process(target=rank_entry, args=(rank, world, port, out)) for rank in range(world)]
-    for process in ranks:
-        process.start()
-    failure = None
-    while any(process.exitcode is None for process in ranks):
-        wait([process.sentinel for process in ranks if process.exitcode is None])
-        for rank, process in enumerate(ranks):
-            code = process.exitcode
-            if code and failure is None:
-                failure = f"rank {rank} terminated with " + (
-                    f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
-                )
-                for other in ranks:
-                    other.terminate()
+    failure = spawn_ranks(world, out)
     ranks = []
     for rank in range(world):
         try:
@@ -462,6 +442,16 @@ def check():
             ranks.append({"rank": rank, "error": "died without a result"})
     return {"ranks": ranks, "spawn_error": failure}
 """
+
+
+def _launcher() -> str:
+    """run.py's own rank launcher (``free_port`` and ``spawn_ranks`` of templates/common.py), so the
+    process-group check starts its ranks exactly as a sharded run.py does: spawned through the
+    standard library, torch not imported in the launcher, the others stopped when one fails."""
+    source = template("common.py")
+    functions = {node.name: node for node in ast.parse(source).body if isinstance(node, ast.FunctionDef)}
+    return "\n\n\n".join(str(ast.get_source_segment(source, functions[name])) for name in ("free_port", "spawn_ranks"))
+
 
 _CHECKPOINT_SCRIPT = """
 WORDS = (
@@ -1021,7 +1011,8 @@ class _Doctor:
             free = [c for c in self.slice if c not in self.owned]
             return f"this session's free cores are {_span(free)}: two adjacent ones are needed", False
         args = self.script_args(backend=self.kind.dist_backend)
-        outcome = self.run("process-group", _PROCESS_GROUP_SCRIPT, args, self.device_env(cores))
+        script = _PROCESS_GROUP_SCRIPT.replace("# @@LAUNCHER@@", _launcher())
+        outcome = self.run("process-group", script, args, self.device_env(cores))
         if outcome.error is not None:
             return f"{self.cores_text(cores)}: {outcome.error}", False
         ranks: list[Mapping[str, Any]] = list(outcome.get("ranks", []))
