@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import importlib.metadata
 import json
@@ -227,7 +228,9 @@ def config_facts(config: Mapping[str, Any], cache: Path | None = None) -> Config
     return facts
 
 
+@functools.cache
 def _transformers_version() -> str:
+    # Read once per process: importlib.metadata scans every installed distribution, per model otherwise.
     try:
         return importlib.metadata.version("transformers")
     except importlib.metadata.PackageNotFoundError:
