@@ -1,5 +1,5 @@
-"""Shared by the fault-family test modules: a catalog of tiny-zoo models, and a finder for the
-processes a test started.
+"""Shared by the end-to-end test modules: a catalog of tiny-zoo models, an outcome check that shows
+a session's rows when it fails, and a finder for the processes a test started.
 
 The finder recognises a test's processes by a tag in their environment, not by their command
 line: a marker such as the model's slug also matches another xdist worker's sweep of the same
@@ -18,6 +18,7 @@ import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pytest_neuron_support import zoo
 
@@ -37,6 +38,27 @@ class Process:
     pid: int
     cwd: str
     cmdline: str
+
+
+def session_rows(results: Path) -> str:
+    """Every row of a session's results folder, one line each: what a failed end-to-end test shows
+    first, so a CI log that keeps only the head of a long failure still says what broke."""
+    data = results / "data"
+    if not data.exists():
+        return f"no rows in {results}"
+    import pandas as pd  # what the tests that call this read rows with anyway
+
+    df = pd.read_parquet(data)
+    return "\n".join(f"{r.model_id}: {r.result} at {r.failure_stage}: {str(r.error)[:400]}" for r in df.itertuples())
+
+
+def assert_outcomes(result: Any, results: Path, **outcomes: int) -> None:
+    """``pytester.RunResult.assert_outcomes(**outcomes)``, whose failure also lists the session's rows
+    (model, result, stage, error) from ``results``."""
+    try:
+        result.assert_outcomes(**outcomes)
+    except AssertionError as error:
+        raise AssertionError(f"{error}\nthe session's rows:\n{session_rows(results)}") from None
 
 
 def _ancestors() -> set[int]:

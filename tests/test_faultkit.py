@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from faultkit import TAG_VAR, own_processes, record_tree, recorded, survivors
+from faultkit import TAG_VAR, assert_outcomes, own_processes, record_tree, recorded, survivors
 
 from pytest_neuron_support.execution import run_script
 
@@ -197,3 +197,24 @@ def test_the_recorded_tree_holds_a_spawned_rank_while_it_ran_and_says_when_it_is
     os.kill(rank, signal.SIGKILL)
     launcher.wait()
     assert not tree[rank].alive() and not tree[launcher.pid].alive()
+
+
+def test_a_failed_outcome_check_lists_the_sessions_rows_and_a_met_one_is_silent(
+    pytester: pytest.Pytester, tmp_path: Path
+) -> None:
+    import pandas as pd
+
+    pytester.makepyfile("def test_one():\n    assert True\n")
+    result = pytester.runpytest()
+    (tmp_path / "data").mkdir()
+    rows = [("tiny-random/qwen3", "PASS", None, None), ("tiny-random/olmo2", "ERROR", "load", "RankDied: rank 3")]
+    pd.DataFrame(rows, columns=["model_id", "result", "failure_stage", "error"]).to_parquet(
+        tmp_path / "data" / "x.parquet"
+    )
+    assert_outcomes(result, tmp_path, passed=1)
+    with pytest.raises(AssertionError) as failed:
+        assert_outcomes(result, tmp_path, passed=2)
+    message = str(failed.value)
+    assert "tiny-random/olmo2: ERROR at load: RankDied: rank 3" in message and "tiny-random/qwen3: PASS" in message
+    with pytest.raises(AssertionError, match="no rows in"):
+        assert_outcomes(result, tmp_path / "missing", failed=1)

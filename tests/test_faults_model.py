@@ -13,6 +13,7 @@ import pytest
 from faultkit import (
     SITECUSTOMIZE,
     alive_at_report,
+    assert_outcomes,
     catalog,
     own_processes,
     record_tree,
@@ -116,7 +117,7 @@ def test_crash_hang_memory_and_compile_faults_are_rows_and_the_sweep_goes_on(
         # The crashing model's reference must start (a cached one is not run, and could not be stopped).
         "--reference-cache=none",
     )
-    result.assert_outcomes(passed=1, failed=6)
+    assert_outcomes(result, pytester.path / "out", passed=1, failed=6)
     df = pd.read_parquet(pytester.path / "out" / "data").set_index("model_id")
     runs = pytester.path / "out" / "runs"
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pandas as pd
 import pytest
-from faultkit import catalog
+from faultkit import assert_outcomes, catalog
 
 pytestmark = pytest.mark.slow
 
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
 def test_device_auto_runs_on_what_torch_sees(pytester: pytest.Pytester, offline_hub: Path) -> None:
     pytester.makefile(".yaml", models=catalog("tiny-random/qwen3"))
     result = pytester.runpytest_subprocess("--device=auto", "--results-dir=out", "-p", "no:cacheprovider")
-    result.assert_outcomes(passed=1)
+    assert_outcomes(result, pytester.path / "out", passed=1)
     [row] = pd.read_parquet(pytester.path / "out" / "data").to_dict("records")
     # No Trainium or GPU on this machine: auto is cpu, with the cpu row's compile backend.
     assert (row["device"], row["result"], row["compile_backend"]) == ("cpu", "PASS", "inductor")
@@ -100,7 +100,7 @@ def test_near_tie_parity_passes_a_real_near_tie_that_exact_parity_fails(
             # The tie is one bf16 step: a CPU whose vector kernels round the other way (another
             # instruction set) gives the CPU's token. That is no near-tie to test, not a pass of it.
             pytest.skip(f"no near-tie on this CPU: compiled and eager agree on {NEAR_TIE_PROMPT!r}")
-        result.assert_outcomes(**outcome)
+        assert_outcomes(result, pytester.path / parity, **outcome)
         evidence = {key: rows[parity][key] for key in NEAR_TIE_EVIDENCE}
         assert evidence == NEAR_TIE_EVIDENCE, (parity, evidence, rows[parity]["error"])
     exact, near = rows["exact"], rows["near-tie"]

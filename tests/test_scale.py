@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from faultkit import assert_outcomes
 
 from pytest_neuron_support import zoo
 
@@ -65,7 +66,7 @@ def test_shards_cover_every_item_once_hit_the_caches_and_merge_into_the_unsharde
     caches = ["--neff-cache=compile-cache", "--reference-cache=reference-cache"]
 
     cold = pytester.runpytest_subprocess("--device=cpu", "-n", "2", "--results-dir=all", *caches)
-    cold.assert_outcomes(passed=len(MODELS))
+    assert_outcomes(cold, pytester.path / "all", passed=len(MODELS))
     first = pd.read_parquet(pytester.path / "all" / "data")
     assert not first.reference_cached.any()
 
@@ -77,8 +78,8 @@ def test_shards_cover_every_item_once_hit_the_caches_and_merge_into_the_unsharde
     monkeypatch.delenv("SLURM_ARRAY_TASK_COUNT")
     ran = [set(pd.read_parquet(pytester.path / name / "data").model_id) for name in ("shard0", "shard1")]
     assert ran[0] and ran[1] and not ran[0] & ran[1] and ran[0] | ran[1] == set(MODELS)  # each item once
-    for result, mine in zip((shard0, shard1), ran, strict=True):
-        result.assert_outcomes(passed=len(mine), deselected=len(MODELS) - len(mine))
+    for result, name, mine in zip((shard0, shard1), ("shard0", "shard1"), ran, strict=True):
+        assert_outcomes(result, pytester.path / name, passed=len(mine), deselected=len(MODELS) - len(mine))
 
     # The warm shards say the caches hit: every graph from the compile cache, every reference cached.
     warm = pd.concat([pd.read_parquet(pytester.path / name / "data") for name in ("shard0", "shard1")])
@@ -97,7 +98,7 @@ def test_shards_cover_every_item_once_hit_the_caches_and_merge_into_the_unsharde
     # A later run where one model broke: diff names it and exits 1, so CI can gate on it.
     pytester.makeconftest(BREAK_LLAMA)
     broken = pytester.runpytest_subprocess("--device=cpu", "--results-dir=later", "-k", "llama", *caches)
-    broken.assert_outcomes(failed=1, deselected=len(MODELS) - 1)
+    assert_outcomes(broken, pytester.path / "later", failed=1, deselected=len(MODELS) - 1)
     gate = cli("diff", "all", "later")
     assert gate.returncode == 1
     assert "regressed  tiny-random/llama [cpu]: PASS -> FAIL" in gate.stdout.splitlines()

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from faultkit import assert_outcomes
 
 from pytest_neuron_support import zoo
 from pytest_neuron_support.devices import DEVICES
@@ -129,7 +130,7 @@ def test_sharded_items_run_two_ranks_get_a_judge_verdict_and_a_failing_rank_is_n
         "--results-dir=out",
         "--model-timeout=900",
     )
-    result.assert_outcomes(passed=1, failed=1, deselected=1)
+    assert_outcomes(result, pytester.path / "out", passed=1, failed=1, deselected=1)
     df = pd.read_parquet(pytester.path / "out" / "data").set_index("model_id")
     assert "tiny-random/qwen3" not in df.index
     # (A sharded MoE model's PASS is the tiny-zoo sweep's: tests/test_sweep.py.)
@@ -163,7 +164,7 @@ def test_the_judge_is_kept_beside_the_cpu_check_and_fails_a_run_only_when_it_dec
     result = pytester.runpytest_subprocess(
         "--device=cpu", "--neuron-cores=2", f"--judge-model={judges['no']}", "--results-dir=checked"
     )
-    result.assert_outcomes(passed=1)
+    assert_outcomes(result, pytester.path / "checked", passed=1)
     row = pd.read_parquet(pytester.path / "checked" / "data").iloc[0]
     assert (row.result, row.verdict_basis, row.judge_verdict) == ("PASS", "teacher-forced", "not fluent")
     assert row.judge_score < 0.1 and row.positions_disagreeing == 0
@@ -175,7 +176,7 @@ def test_the_judge_is_kept_beside_the_cpu_check_and_fails_a_run_only_when_it_dec
         "--results-dir=judged",
         "--cpu-check-memory-gib=0.000001",
     )
-    result.assert_outcomes(failed=1)
+    assert_outcomes(result, pytester.path / "judged", failed=1)
     row = pd.read_parquet(pytester.path / "judged" / "data").iloc[0]
     assert (row.result, row.failure_stage, row.verdict_basis, row.judge_verdict) == (
         "FAIL",

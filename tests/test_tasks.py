@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from faultkit import assert_outcomes
 
 from pytest_neuron_support import zoo
 from pytest_neuron_support.catalog import parse_catalog
@@ -70,7 +71,7 @@ def test_vlm_and_real_minilm_pass_and_a_perturbed_minilm_fails_at_parity(
     result = pytester.runpytest_subprocess(
         "--device=cpu", "-n", "2", "--results-dir=out", "--reference-cache=none", "--model-timeout=900"
     )
-    result.assert_outcomes(passed=2, failed=1)
+    assert_outcomes(result, pytester.path / "out", passed=2, failed=1)
     df = pd.read_parquet(pytester.path / "out" / "data").set_index("model_id")
 
     vlm = df.loc["tiny-random/llava"]

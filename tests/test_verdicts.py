@@ -14,7 +14,7 @@ from typing import Any
 
 import pandas as pd
 import pytest
-from faultkit import catalog
+from faultkit import assert_outcomes, catalog
 
 from pytest_neuron_support import zoo
 from pytest_neuron_support.devices import DEVICES
@@ -98,7 +98,7 @@ def test_fluent_wrong_dead_and_warm_faults_fail_on_cpu_evidence(pytester: pytest
     result = pytester.runpytest_subprocess(
         "--device=cpu", "-n", "2", "--neuron-cores=2", "--results-dir=out", "--reference-cache=refs"
     )
-    result.assert_outcomes(failed=3)
+    assert_outcomes(result, pytester.path / "out", failed=3)
     # The suite's verdict is a plain assert; pytest's explanation of it is the row's evidence.
     result.stdout.fnmatch_lines(
         [
@@ -148,7 +148,7 @@ def test_without_room_for_the_cpu_check_the_judge_decides_and_the_row_says_so(
     result = pytester.runpytest_subprocess(
         "--device=cpu", "--neuron-cores=2", "--results-dir=out", "--cpu-check-memory-gib=0.000001"
     )
-    result.assert_outcomes(passed=1)
+    assert_outcomes(result, pytester.path / "out", passed=1)
     row = _rows(pytester, "out").loc["tiny-random/mistral"]
     # What today's judge-only verdict gives the same fluent-but-wrong run: PASS, honestly labelled.
     assert (row.result, row.verdict_basis, row.judge_verdict) == ("PASS", "judge", "fluent")
