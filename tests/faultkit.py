@@ -40,16 +40,19 @@ class Process:
     cmdline: str
 
 
-def session_rows(results: Path) -> str:
-    """Every row of a session's results folder, one line each: what a failed end-to-end test shows
-    first, so a CI log that keeps only the head of a long failure still says what broke."""
+def session_rows(results: Path, failed_only: bool = False) -> str:
+    """The rows of a session's results folder (all of them, or those that did not pass), one line
+    each with the whole error: what a failed end-to-end test shows first, so a CI log that keeps
+    only the head of a long failure still says what broke."""
     data = results / "data"
     if not data.exists():
         return f"no rows in {results}"
     import pandas as pd  # what the tests that call this read rows with anyway
 
     df = pd.read_parquet(data)
-    return "\n".join(f"{r.model_id}: {r.result} at {r.failure_stage}: {str(r.error)[:400]}" for r in df.itertuples())
+    if failed_only:
+        df = df[df.result != "PASS"]
+    return "\n".join(f"{r.model_id}: {r.result} at {r.failure_stage}: {r.error}" for r in df.itertuples())
 
 
 def assert_outcomes(result: Any, results: Path, **outcomes: int) -> None:

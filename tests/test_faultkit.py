@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from faultkit import TAG_VAR, assert_outcomes, own_processes, record_tree, recorded, survivors
+from faultkit import TAG_VAR, assert_outcomes, own_processes, record_tree, recorded, session_rows, survivors
 
 from pytest_neuron_support.execution import run_script
 
@@ -216,5 +216,6 @@ def test_a_failed_outcome_check_lists_the_sessions_rows_and_a_met_one_is_silent(
         assert_outcomes(result, tmp_path, passed=2)
     message = str(failed.value)
     assert "tiny-random/olmo2: ERROR at load: RankDied: rank 3" in message and "tiny-random/qwen3: PASS" in message
+    assert session_rows(tmp_path, failed_only=True) == "tiny-random/olmo2: ERROR at load: RankDied: rank 3"
     with pytest.raises(AssertionError, match="no rows in"):
         assert_outcomes(result, tmp_path / "missing", failed=1)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from faultkit import session_rows
 
 from pytest_neuron_support import zoo
 from pytest_neuron_support.catalog import load_catalog
@@ -19,15 +20,6 @@ from pytest_neuron_support.settings import slug
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow
-
-
-def failed_rows(results: Path) -> str:
-    """The rows of a sweep that did not pass, with their errors: what a failed sweep shows first."""
-    if not (results / "data").exists():
-        return f"no rows in {results}"
-    df = pd.read_parquet(results / "data")
-    bad = df[df.result != "PASS"]
-    return "\n".join(f"{r.model_id}: {r.result} at {r.failure_stage}: {r.error}" for r in bad.itertuples())
 
 
 def test_tiny_zoo_sweep_passes_every_architecture_with_four_workers_over_four_cores(
@@ -44,7 +36,7 @@ def test_tiny_zoo_sweep_passes_every_architecture_with_four_workers_over_four_co
         "--results-dir=out",
         "--model-timeout=900",
     )
-    assert result.ret == 0, failed_rows(pytester.path / "out")
+    assert result.ret == 0, session_rows(pytester.path / "out", failed_only=True)
     result.assert_outcomes(passed=len(ids))
     result.stdout.fnmatch_lines(["*neuron-support results*", f"{len(ids)} PASS", "Parquet: *out/data/*.parquet"])
 
