@@ -168,14 +168,6 @@ def synchronize(torch):
     if ARGS.get("memory_module"):
         getattr(torch, ARGS["memory_module"]).synchronize()
 
-
-def cores_of(text):
-    cores = []
-    for part in text.split(","):
-        low, _, high = part.partition("-")
-        cores.extend(range(int(low), int(high or low) + 1))
-    return cores
-
 '''
 
 _EPILOGUE = """
@@ -387,7 +379,7 @@ def check():
 """
 
 _PROCESS_GROUP_SCRIPT = """
-def rank_entry(rank, world, port, out):
+def rank_entry(rank, world, rendezvous, out):
     _end_with_parent()
     os.environ.update(
         RANK=str(rank),
@@ -395,11 +387,10 @@ def rank_entry(rank, world, port, out):
         WORLD_SIZE=str(world),
         LOCAL_WORLD_SIZE=str(world),
         MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
     )
     pin = ARGS["core_env_var"]
     if pin and os.environ.get(pin):  # as run.py does: each rank narrows to its own core of the pair
-        os.environ[pin] = str(cores_of(os.environ[pin])[rank])
+        os.environ[pin] = rank_core(os.environ[pin], rank)
     result = {"rank": rank, "pinned": os.environ.get(pin or "")}
     try:
         import torch
@@ -407,7 +398,7 @@ def rank_entry(rank, world, port, out):
 
         # Before any seeding or device use: on neuron seeding sizes the device generator table from the
         # cores visible at that moment, and the rank's device index is right only after this call.
-        dist.init_process_group(backend=ARGS["backend"])
+        join_process_group(dist, ARGS["backend"], rank, world, rendezvous)
         torch.manual_seed(0)
         device = torch.device(ARGS["device"])
         noise = torch.rand(2, device=device)  # device RNG on every rank, after seeding
@@ -426,7 +417,8 @@ def rank_entry(rank, world, port, out):
 
 import signal  # used by spawn_ranks, besides the prelude's imports
 
-# run.py's free_port and spawn_ranks, spliced in by _launcher():
+# run.py's core of a rank (rank_core), rendezvous (join_process_group) and launcher (spawn_ranks),
+# spliced in by _launcher():
 # @@LAUNCHER@@
 
 
@@ -444,13 +436,23 @@ def check():
 """
 
 
+#: What the process-group check takes from templates/common.py, in this order.
+_LAUNCHER_PARTS = ("rank_core", "RENDEZVOUS_TIMEOUT_S", "join_process_group", "spawn_ranks")
+
+
 def _launcher() -> str:
-    """run.py's own rank launcher (``free_port`` and ``spawn_ranks`` of templates/common.py), so the
-    process-group check starts its ranks exactly as a sharded run.py does: spawned through the
-    standard library, torch not imported in the launcher, the others stopped when one fails."""
+    """run.py's own rank launcher and rendezvous (:data:`_LAUNCHER_PARTS` of templates/common.py), so
+    the process-group check pins, starts and joins its ranks exactly as a sharded run.py does: spawned
+    through the standard library, torch not imported in the launcher, the others stopped when one
+    fails, the store on a port rank 0 bound itself."""
     source = template("common.py")
-    functions = {node.name: node for node in ast.parse(source).body if isinstance(node, ast.FunctionDef)}
-    return "\n\n\n".join(str(ast.get_source_segment(source, functions[name])) for name in ("free_port", "spawn_ranks"))
+    parts: dict[str, ast.stmt] = {}
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.FunctionDef):
+            parts[node.name] = node
+        elif isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
+            parts[node.targets[0].id] = node
+    return "\n\n\n".join(str(ast.get_source_segment(source, parts[name])) for name in _LAUNCHER_PARTS)
 
 
 _CHECKPOINT_SCRIPT = """

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import ast
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -107,13 +108,74 @@ def test_ranks_join_the_process_group_before_anything_seeds_or_touches_the_devic
         and isinstance(node.func, ast.Attribute)
         and node.func.attr in ("init_process_group", "manual_seed")
     ]
-    lines = {
-        node.func.attr: node.lineno
+    calls += [
+        node.func.id
         for node in ast.walk(run)
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in calls
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "join_process_group"
+    ]
+    lines = {
+        getattr(node.func, "attr", getattr(node.func, "id", None)): node.lineno
+        for node in ast.walk(run)
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None)) in calls
     }
-    assert sorted(calls) == ["init_process_group", "manual_seed"]
-    assert lines["init_process_group"] < lines["manual_seed"]
+    # run() joins through common.py's join_process_group, which calls init_process_group itself.
+    assert sorted(calls) == ["join_process_group", "manual_seed"]
+    assert lines["join_process_group"] < lines["manual_seed"]
+    join = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "join_process_group")
+    assert any(
+        isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "init_process_group"
+        for n in ast.walk(join)
+    )
+
+
+_RENDEZVOUS_SCRIPT = """
+import json, os, signal, socket, sys, time
+
+def rank_entry(rank, world, rendezvous, out):
+    import torch
+    import torch.distributed as dist
+
+    join_process_group(dist, "gloo", rank, world, rendezvous)
+    total = torch.tensor([rank + 1.0])
+    dist.all_reduce(total)
+    with open(f"{out}.rank{rank}", "w") as handle:
+        json.dump({"sum": total.item(), "port": int(os.environ["MASTER_PORT"])}, handle)
+    dist.destroy_process_group()
+
+@@LAUNCHER@@
+
+if __name__ == "__main__":
+    out = sys.argv[1]
+    # What a crashed earlier run leaves behind: the port of a store that is gone. A rank that read
+    # it would wait on a dead port instead of rank 0's new store.
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        stale = sock.getsockname()[1]
+    with open(f"{out}.rendezvous", "w") as handle:
+        handle.write(str(stale))
+    print(json.dumps({"failure": spawn_ranks(2, out), "stale": stale}))
+"""
+
+
+def test_ranks_meet_in_the_store_rank_zero_bound_itself(tmp_path: Path) -> None:
+    # No port is chosen before rank 0 binds one (a port picked and handed over can be taken by
+    # another concurrent sharded run meanwhile): rank 0's store takes port 0 and publishes the
+    # port it got; a stale rendezvous file from an earlier run is not read.
+    from pytest_neuron_support.doctor import _launcher
+
+    script = tmp_path / "ranks.py"
+    script.write_text(_RENDEZVOUS_SCRIPT.replace("@@LAUNCHER@@", _launcher()), encoding="utf-8")
+    out = tmp_path / "result.json"
+    proc = subprocess.run(
+        [sys.executable, str(script), str(out)], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    launched = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert launched["failure"] is None, proc.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"result.json.rank{rank}").read_text()) for rank in range(2)]
+    assert [r["sum"] for r in ranks] == [3.0, 3.0]  # both ranks in one group
+    assert ranks[0]["port"] == ranks[1]["port"] != launched["stale"]  # MASTER_PORT: rank 0's store
+    assert not (tmp_path / "result.json.rendezvous").exists()  # the launcher cleans up after its ranks
 
 
 def test_the_cpu_check_script_carries_the_tokens_it_scores() -> None:
@@ -187,7 +249,8 @@ def test_run_py_and_train_py_carry_the_one_common_code_inlined_once() -> None:
         "rank_core",
         "end_with_parent",
         "rank_entry",
-        "free_port",
+        "RENDEZVOUS_TIMEOUT_S",
+        "join_process_group",
         "spawn_ranks",
         "launch_ranks",
         # the entry point

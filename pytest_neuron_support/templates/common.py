@@ -157,9 +157,9 @@ def end_with_parent():
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def rank_entry(rank, world, port, out):
+def rank_entry(rank, world, rendezvous, out):
     """One torch.distributed rank (spawned, never forked: a forked child cannot re-initialise
-    the Neuron runtime)."""
+    the Neuron runtime). It joins the process group through ``rendezvous`` (:func:`join_process_group`)."""
     end_with_parent()
     os.environ.update(
         RANK=str(rank),
@@ -167,12 +167,11 @@ def rank_entry(rank, world, port, out):
         WORLD_SIZE=str(world),
         LOCAL_WORLD_SIZE=str(world),
         MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
     )
     pin = SPEC["device"]["core_env_var"]
     if pin and os.environ.get(pin):
         os.environ[pin] = rank_core(os.environ[pin], rank)
-    WORLD.update(size=world, rank=rank)
+    WORLD.update(size=world, rank=rank, rendezvous=rendezvous)
     # A spawned rank imports this file afresh, so what main() set is not there (train.py puts the
     # Trainer's output_dir beside it; run.py does not read it).
     SPEC["out"] = out
@@ -186,12 +185,45 @@ def rank_entry(rank, world, port, out):
         dist.destroy_process_group()
 
 
-def free_port():
-    import socket
+#: How long a rank waits for rank 0's store (and the store for the ranks): torch's default
+#: process-group timeout. A rank 0 that dies ends the wait sooner: spawn_ranks stops the others.
+RENDEZVOUS_TIMEOUT_S = 1800
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+
+def join_process_group(dist, backend, rank, world, rendezvous):
+    """``init_process_group`` over a store rank 0 hosts on a port the kernel picked for it.
+
+    Picking a free port in the launcher and handing it over (as torchrun's ``--master-port=0`` does)
+    races: until rank 0 binds it, another run's rank can take it, and two concurrent sharded runs
+    then fail, or worse, meet in one store. Here rank 0 binds port 0 itself and publishes the port it
+    got in the ``rendezvous`` file (written whole, then renamed); the other ranks wait for the file.
+    ``MASTER_ADDR``/``MASTER_PORT`` are set to that store before the group starts, as on a torchrun
+    launch (the Neuron docs ask for them on every rank)."""
+    import datetime
+
+    timeout = datetime.timedelta(seconds=RENDEZVOUS_TIMEOUT_S)
+    if rank == 0:
+        # wait_for_workers=False: the others can only connect after the port is published below.
+        store = dist.TCPStore("127.0.0.1", 0, world, True, timeout=timeout, wait_for_workers=False)
+        port = store.port
+        with open(f"{rendezvous}.tmp", "w", encoding="utf-8") as handle:
+            handle.write(str(port))
+        os.replace(f"{rendezvous}.tmp", rendezvous)
+    else:
+        deadline = time.monotonic() + RENDEZVOUS_TIMEOUT_S
+        while True:
+            try:
+                with open(rendezvous, encoding="utf-8") as handle:
+                    port = int(handle.read())
+                break
+            except (OSError, ValueError):
+                if time.monotonic() > deadline:
+                    waited = f"rank 0 published no store in {rendezvous} within {RENDEZVOUS_TIMEOUT_S} s"
+                    raise TimeoutError(waited) from None
+                time.sleep(0.05)
+        store = dist.TCPStore("127.0.0.1", port, world, False, timeout=timeout)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world, timeout=timeout)
 
 
 def spawn_ranks(world, out):
@@ -206,8 +238,11 @@ def spawn_ranks(world, out):
     from multiprocessing.connection import wait
 
     context = multiprocessing.get_context("spawn")
-    port = free_port()
-    ranks = [context.Process(target=rank_entry, args=(rank, world, port, out)) for rank in range(world)]
+    rendezvous = f"{out}.rendezvous"  # where rank 0 publishes its store's port (join_process_group)
+    for stale in (rendezvous, f"{rendezvous}.tmp"):
+        if os.path.exists(stale):
+            os.remove(stale)
+    ranks = [context.Process(target=rank_entry, args=(rank, world, rendezvous, out)) for rank in range(world)]
     for process in ranks:
         process.start()
     running = {process.sentinel: rank for rank, process in enumerate(ranks)}
@@ -228,6 +263,9 @@ def spawn_ranks(world, out):
                 failure = f"rank {rank} terminated with {how}"
                 for other in running.values():
                     ranks[other].terminate()
+    for done in (rendezvous, f"{rendezvous}.tmp"):
+        if os.path.exists(done):
+            os.remove(done)
     return failure
 
 

@@ -52,6 +52,7 @@ from common import (  # noqa: E402  # @@COMMON@@
     NothingCompiledError,
     device_fact,
     enter,
+    join_process_group,
     main,
     peak_device_memory,
     synchronize,
@@ -190,7 +191,7 @@ def run():
 
         # Before any seeding or device use: on neuron, seeding sizes the device generator table from
         # the cores visible at that moment, and a rank's device index is only right after this call.
-        dist.init_process_group(backend=SPEC["device"]["dist_backend"])
+        join_process_group(dist, SPEC["device"]["dist_backend"], WORLD["rank"], WORLD["size"], WORLD["rendezvous"])
     torch.manual_seed(0)
     enter("load")
     start = time.perf_counter()

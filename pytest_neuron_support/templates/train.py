@@ -42,6 +42,7 @@ from common import (  # noqa: E402  # @@COMMON@@
     WORLD,
     NothingCompiledError,
     enter,
+    join_process_group,
     main,
     peak_device_memory,
     synchronize,
@@ -255,7 +256,7 @@ def run():
 
         # Before any seeding or device use (on neuron seeding sizes the generator table from the cores
         # visible at that moment, and a rank's device index is only right after this call).
-        dist.init_process_group(backend=SPEC["device"]["dist_backend"])
+        join_process_group(dist, SPEC["device"]["dist_backend"], WORLD["rank"], WORLD["size"], WORLD["rendezvous"])
     torch.manual_seed(SPEC["seed"])
     trainer, record = prepare(torch, facts)
     result = train(torch, trainer, record)
