@@ -193,12 +193,11 @@ RENDEZVOUS_TIMEOUT_S = 1800
 def join_process_group(dist, backend, rank, world, rendezvous):
     """``init_process_group`` over a store rank 0 hosts on a port the kernel picked for it.
 
-    Picking a free port in the launcher and handing it over (as torchrun's ``--master-port=0`` does)
-    races: until rank 0 binds it, another run's rank can take it, and two concurrent sharded runs
-    then fail, or worse, meet in one store. Here rank 0 binds port 0 itself and publishes the port it
-    got in the ``rendezvous`` file (written whole, then renamed); the other ranks wait for the file.
-    ``MASTER_ADDR``/``MASTER_PORT`` are set to that store before the group starts, as on a torchrun
-    launch (the Neuron docs ask for them on every rank)."""
+    Picking a free port in the launcher and handing it over races: until rank 0 binds it, another
+    run's rank can take it, and two concurrent sharded runs then fail, or worse, meet in one store.
+    Here rank 0 binds port 0 itself and publishes the port it got in the ``rendezvous`` file (written
+    whole, then renamed); the other ranks wait for the file. ``MASTER_ADDR``/``MASTER_PORT`` are set
+    to that store before the group starts (the Neuron docs ask for them on every rank)."""
     import datetime
 
     timeout = datetime.timedelta(seconds=RENDEZVOUS_TIMEOUT_S)
