@@ -135,6 +135,31 @@ def shared_references(_suite_reference_home: Path, monkeypatch: pytest.MonkeyPat
     return _suite_reference_home / "reference"
 
 
+#: anyio's pytest plugin (anyio comes with huggingface_hub's HTTP client) loads in every pytest process
+#: and, at import, its event-loop backends: trio (which selenium brings) and asyncio. No session a test
+#: starts has an async test, and that import is about a third of such a process's start (0.3 s of CPU
+#: measured, against 0.6 s for the rest of pytest and the plugin); the suite starts about 500 of them
+#: (the sessions and their xdist workers).
+SESSION_OPTIONS = "-p no:anyio"
+
+
+def _add_session_options(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, options: str) -> None:
+    """Adds ``options`` to ``PYTEST_ADDOPTS`` for the pytest sessions this test starts (pytester's,
+    Popen's, and their xdist workers, which inherit it)."""
+    if "pytester" in request.fixturenames:
+        request.getfixturevalue("pytester")  # pytester clears PYTEST_ADDOPTS when it starts: set it after
+    current = os.environ.get("PYTEST_ADDOPTS", "").split()
+    if options not in " ".join(current):
+        monkeypatch.setenv("PYTEST_ADDOPTS", " ".join([*current, options]))
+
+
+@pytest.fixture(autouse=True)
+def _sessions_skip_unused_plugins(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sessions this test starts do not load anyio's plugin (:data:`SESSION_OPTIONS` says why);
+    everything else about them is as a user's."""
+    _add_session_options(request, monkeypatch, SESSION_OPTIONS)
+
+
 @pytest.fixture
 def eager_compile(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """The pytest sessions this test starts compile with torch.compile's ``eager`` backend
@@ -148,10 +173,8 @@ def eager_compile(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatc
     of every architecture, test_scale (compile cache hits), test_zoo (decisive when compiled),
     ``--device=auto`` (the row's backend), the near tie (inductor's numerics) and test_faults_model
     (a fault planted in inductor)."""
-    if "pytester" in request.fixturenames:
-        request.getfixturevalue("pytester")  # pytester clears PYTEST_ADDOPTS when it starts: set it after
     option = "--compile-backend=eager"
-    monkeypatch.setenv("PYTEST_ADDOPTS", option)
+    _add_session_options(request, monkeypatch, option)
     return option
 
 
