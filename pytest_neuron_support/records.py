@@ -479,6 +479,15 @@ class Row:
             "graph); > 0 is flagged in the viewer"
         ),
     )
+    recompile_limit: str | None = field(
+        default=None,
+        metadata=_doc(
+            "Dynamo's warning when a compiled function hit its recompile limit (torch._dynamo.config.recompile_limit) "
+            "during the two runs: the limit, the function and the guard that failed last. Past it Dynamo runs that "
+            "function uncompiled (eager), so the later steps and the decode timings are not the compiled graph's; "
+            "the tokens are still checked as any run's. Flagged in the viewer"
+        ),
+    )
     self_check: str | None = field(
         default=None,
         metadata=_doc(

@@ -219,6 +219,7 @@ def with_device_result(row: Row, result: Mapping[str, Any]) -> Row:
         graph_breaks=result.get("graph_breaks"),
         graph_break_reasons=tuple(result.get("graph_break_reasons") or ()),
         excess_graphs=None if graphs is None else max(0, int(graphs) - EXPECTED_GRAPHS),
+        recompile_limit=result.get("recompile_limit"),
         repeat_identical=result.get("repeat_identical"),
         repeat_divergence=None if again is None else repeat_divergence(tokens, again),
         load_s=_round(result.get("load_s")),

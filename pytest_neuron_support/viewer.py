@@ -105,6 +105,7 @@ DETAIL_COLUMNS: tuple[str, ...] = (
     "graphs_compiled",
     "graph_breaks",
     "excess_graphs",
+    "recompile_limit",
     "exclude_reason",
     "exclude_note",
     "device",

@@ -18,8 +18,10 @@ from pytest_neuron_support import zoo
 
 pytestmark = pytest.mark.slow
 
-# Three of the zoo's quickest to compile (what is checked here is the sharding and the caches).
-MODELS = ["tiny-random/qwen3", "tiny-random/llama", "tiny-random/smollm3"]
+# Two of the zoo's quickest to compile, one per shard: what is checked here is the sharding and the
+# caches (how assign() balances more items than shards is test_sharding's). A third model cost this
+# test, which starts first and runs beside the sweep, another cold compile and three more runs.
+MODELS = ["tiny-random/qwen3", "tiny-random/llama"]
 # What a run decides, as opposed to when and how fast it ran.
 OUTCOME = [
     "result",

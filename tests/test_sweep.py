@@ -85,6 +85,13 @@ def test_tiny_zoo_sweep_passes_every_architecture_with_four_workers_over_four_co
     assert (generation.max_logprob_deficit == 0).all() and generation.first_disagreement.isna().all()
     assert (rows.repeat_identical == True).all()  # noqa: E712  (the warm run was checked, and agreed)
     assert rows.excess_graphs.notna().all() and rows.graph_breaks.notna().all()
+    # Dynamo's recompile limit (8 graphs of one function): a run that hit it says so, with the guard that
+    # failed last, and one that did not says nothing. With transformers 5.24 gemma3_text and phi3 hit it:
+    # their sliding-window static cache layers guard on a Python int that grows at every decoding step.
+    hit = rows.recompile_limit.notna()
+    assert (hit == (rows.graphs_compiled >= 8)).all(), rows[["graphs_compiled", "recompile_limit"]]
+    assert rows.recompile_limit[hit].str.startswith("torch._dynamo hit config.recompile_limit (8); function: ").all()
+    assert rows.recompile_limit[hit].str.contains("; last reason: ").all(), rows.recompile_limit[hit]
     # CPU-side runs load no device backend; the device run does not get that switch.
     runs = pytester.path / "out" / "runs" / "tiny-random--qwen3" / "cpu"
     reference = json.loads((runs / "reference" / "result.json").read_text())

@@ -68,6 +68,13 @@ HUB_MODELS = [
 RUNSCRIPT = "#!/usr/bin/env python3\n# run.py of {model}\nSPEC = {{'model': '{model}'}}\nprint('x < y && z > w')\n"
 
 
+#: Dynamo's warning, as run.py keeps it (its first three lines).
+RECOMPILE_LIMIT = (
+    "torch._dynamo hit config.recompile_limit (8); function: 'forward' (modeling_gemma3.py:500); "
+    "last reason: 0/7: kwargs['cache'].layers[0].cumulative_length_int == 37"
+)
+
+
 def make_row(model: str, result: str, version: str, **kwargs: Any) -> Row:
     defaults: dict[str, Any] = {
         "model_id": model,
@@ -134,6 +141,9 @@ def dataset_rows() -> list[Row]:
             generate_s=10.0,
             neuron_cores=4,
             tp_size=4,
+            graphs_compiled=8,
+            excess_graphs=7,
+            recompile_limit=RECOMPILE_LIMIT,
         ),
         make_row("cli/extra-model", "PASS", NEW, source="cli", parameters=5 * 10**8, run_s=60.0),
     ]
@@ -534,6 +544,17 @@ def test_hostile_error_renders_as_text(page: Any) -> None:
     assert cell.text == f"RuntimeError: {XSS}"
     assert page.execute_script("return window.__xss === undefined")
     assert page.find_elements(By.CSS_SELECTOR, "#models img") == []
+
+
+def test_a_pass_past_the_recompile_limit_is_flagged_with_the_guard(page: Any) -> None:
+    from selenium.webdriver.common.by import By
+
+    flag = page.find_element(By.CSS_SELECTOR, "tr[data-model='org/beta-7b'] span.flag.graphs")
+    assert flag.text == "+7 graphs (recompile limit: eager)"
+    title = flag.get_attribute("title")
+    assert title.endswith(f"; later steps ran uncompiled: {RECOMPILE_LIMIT} (recompile_limit)"), title
+    # A PASS with neither excess graphs nor the limit has no flag.
+    assert page.find_elements(By.CSS_SELECTOR, "tr[data-model='cli/extra-model'] span.flag") == []
 
 
 def test_trending_view_shows_hub_models_tested_or_not(page: Any) -> None:

@@ -35,6 +35,7 @@ Every result has timings, peak memory and versions, or the stage that failed wit
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import time
@@ -318,6 +319,33 @@ def graph_breaks(counters):
     return int(sum(breaks.values())), [str(reason)[:300] for reason in list(breaks)[:5]]
 
 
+class RecompileLimit:
+    """Notes Dynamo's warning that a function hit its recompile limit (``config.recompile_limit``).
+    Past the limit Dynamo stops compiling that function and runs it uncompiled (eager) from then on,
+    and torch only logs it: a run whose guard fails at every decoding step still finishes, with its
+    later steps eager. ``hit`` keeps the first warning's opening lines: the limit, the function, and
+    the guard that failed last."""
+
+    LOGGER = "torch._dynamo.convert_frame"
+
+    def __init__(self):
+        self.hit = None
+        self.handler = logging.Handler(level=logging.WARNING)
+        self.handler.emit = self.emit
+
+    def emit(self, record):
+        message = record.getMessage()
+        if self.hit is None and message.startswith("torch._dynamo hit config."):
+            self.hit = "; ".join(line.strip() for line in message.splitlines()[:3])[:500]
+
+    def __enter__(self):
+        logging.getLogger(self.LOGGER).addHandler(self.handler)
+        return self
+
+    def __exit__(self, *exc):
+        logging.getLogger(self.LOGGER).removeHandler(self.handler)
+
+
 class StepClock:
     """A generate() streamer that only notes when each new token reaches the host (its first put is
     the prompt). Tokens reach the host every step anyway (the stopping check reads them), so it
@@ -353,19 +381,20 @@ def run_generation(torch, preprocessor, model):
 
     counters.clear()
     before = cache_counts(torch, counters)
-    enter("compile")
-    start = time.perf_counter()
-    first = model.generate(**inputs, **kwargs)
-    synchronize(torch)
-    first_s = time.perf_counter() - start
-    graphs, cache = compiled_graphs(torch, counters, before)
+    with RecompileLimit() as limit:
+        enter("compile")
+        start = time.perf_counter()
+        first = model.generate(**inputs, **kwargs)
+        synchronize(torch)
+        first_s = time.perf_counter() - start
+        graphs, cache = compiled_graphs(torch, counters, before)
 
-    enter("generate")
-    start = time.perf_counter()
-    clock = StepClock()
-    second = model.generate(**inputs, **kwargs, streamer=clock)
-    synchronize(torch)
-    second_s = time.perf_counter() - start
+        enter("generate")
+        start = time.perf_counter()
+        clock = StepClock()
+        second = model.generate(**inputs, **kwargs, streamer=clock)
+        synchronize(torch)
+        second_s = time.perf_counter() - start
     recompiles = int(counters["stats"]["unique_graphs"]) - graphs
     first_token_s, decode_rate, decode_s = clock.split()
 
@@ -386,6 +415,7 @@ def run_generation(torch, preprocessor, model):
         "graph_break_reasons": reasons,
         "compile_cache": cache,
         "recompiles": recompiles,
+        "recompile_limit": limit.hit,
         "first_generate_s": first_s,
         "generate_s": second_s,
         "time_to_first_token_s": first_token_s,
@@ -510,16 +540,17 @@ def run_embedding(torch, tokenizer, model, pooling):
 
     counters.clear()
     before = cache_counts(torch, counters)
-    enter("compile")
-    start = time.perf_counter()
-    first = embed()
-    first_s = time.perf_counter() - start
-    graphs, cache = compiled_graphs(torch, counters, before)
+    with RecompileLimit() as limit:
+        enter("compile")
+        start = time.perf_counter()
+        first = embed()
+        first_s = time.perf_counter() - start
+        graphs, cache = compiled_graphs(torch, counters, before)
 
-    enter("generate")
-    start = time.perf_counter()
-    second = embed()
-    second_s = time.perf_counter() - start
+        enter("generate")
+        start = time.perf_counter()
+        second = embed()
+        second_s = time.perf_counter() - start
     recompiles = int(counters["stats"]["unique_graphs"]) - graphs
     breaks, reasons = graph_breaks(counters)
     embeddings = first.tolist()
@@ -535,6 +566,7 @@ def run_embedding(torch, tokenizer, model, pooling):
         "graphs_compiled": graphs,
         "compile_cache": cache,
         "recompiles": recompiles,
+        "recompile_limit": limit.hit,
         "first_generate_s": first_s,
         "generate_s": second_s,
     }
@@ -545,6 +577,8 @@ def merge_rank_facts(merged, results):
     # Each rank's process falls back on its own: a fallback on any rank must show.
     ops = [r.get("fallback_ops") for r in results]
     merged["fallback_ops"] = None if all(o is None for o in ops) else sorted({x for o in ops for x in o or ()})
+    # Each rank compiles on its own too: a rank that hit the recompile limit ran eager past it.
+    merged["recompile_limit"] = next((r["recompile_limit"] for r in results if r.get("recompile_limit")), None)
 
 
 if __name__ == "__main__":
