@@ -319,19 +319,18 @@ def graph_breaks(counters):
     return int(sum(breaks.values())), [str(reason)[:300] for reason in list(breaks)[:5]]
 
 
-class RecompileLimit:
+class RecompileLimit(logging.Handler):
     """Notes Dynamo's warning that a function hit its recompile limit (``config.recompile_limit``).
     Past the limit Dynamo stops compiling that function and runs it uncompiled (eager) from then on,
     and torch only logs it: a run whose guard fails at every decoding step still finishes, with its
     later steps eager. ``hit`` keeps the first warning's opening lines: the limit, the function, and
-    the guard that failed last."""
+    the guard that failed last. A handler on Dynamo's logger while in the ``with`` block."""
 
     LOGGER = "torch._dynamo.convert_frame"
 
     def __init__(self):
+        super().__init__(level=logging.WARNING)
         self.hit = None
-        self.handler = logging.Handler(level=logging.WARNING)
-        self.handler.emit = self.emit
 
     def emit(self, record):
         message = record.getMessage()
@@ -339,11 +338,11 @@ class RecompileLimit:
             self.hit = "; ".join(line.strip() for line in message.splitlines()[:3])[:500]
 
     def __enter__(self):
-        logging.getLogger(self.LOGGER).addHandler(self.handler)
+        logging.getLogger(self.LOGGER).addHandler(self)
         return self
 
     def __exit__(self, *exc):
-        logging.getLogger(self.LOGGER).removeHandler(self.handler)
+        logging.getLogger(self.LOGGER).removeHandler(self)
 
 
 class StepClock:
