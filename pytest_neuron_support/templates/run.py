@@ -371,35 +371,59 @@ class StepClock:
         return steps[0] - self.start, ((len(steps) - 1) / span if len(steps) > 1 and span > 0 else None), span
 
 
-def run_generation(torch, preprocessor, model):
+def cold_then_warm(torch, cold, warm):
+    """Calls ``cold`` (stage ``compile``: the first call, which compiles) and then ``warm`` (stage
+    ``generate``: the same call again, its graphs cached), each timed until the device has finished,
+    both watched for Dynamo's recompile limit. Returns both results and the compile facts of the row
+    (graphs, compile cache, recompiles, graph breaks, the recompile limit, the two timings)."""
     from torch._dynamo.utils import counters
-
-    inputs, tokenizer = generation_inputs(torch, preprocessor, model)  # stays on CPU on purpose
-    kwargs = generate_kwargs(tokenizer)
-    n_prompt = int(inputs["input_ids"].shape[1])
 
     counters.clear()
     before = cache_counts(torch, counters)
     with RecompileLimit() as limit:
         enter("compile")
         start = time.perf_counter()
-        first = model.generate(**inputs, **kwargs)
+        first = cold()
         synchronize(torch)
         first_s = time.perf_counter() - start
         graphs, cache = compiled_graphs(torch, counters, before)
 
         enter("generate")
         start = time.perf_counter()
-        clock = StepClock()
-        second = model.generate(**inputs, **kwargs, streamer=clock)
+        second = warm()
         synchronize(torch)
         second_s = time.perf_counter() - start
-    recompiles = int(counters["stats"]["unique_graphs"]) - graphs
+    breaks, reasons = graph_breaks(counters)
+    facts = {
+        "graphs_compiled": graphs,
+        "graph_breaks": breaks,
+        "graph_break_reasons": reasons,
+        "compile_cache": cache,
+        "recompiles": int(counters["stats"]["unique_graphs"]) - graphs,
+        "recompile_limit": limit.hit,
+        "first_generate_s": first_s,
+        "generate_s": second_s,
+    }
+    return first, second, facts
+
+
+def run_generation(torch, preprocessor, model):
+    inputs, tokenizer = generation_inputs(torch, preprocessor, model)  # stays on CPU on purpose
+    kwargs = generate_kwargs(tokenizer)
+    n_prompt = int(inputs["input_ids"].shape[1])
+    clock = None
+
+    def warm():
+        # The warm run's clock starts with it, as the timing of the whole call does.
+        nonlocal clock
+        clock = StepClock()
+        return model.generate(**inputs, **kwargs, streamer=clock)
+
+    first, second, facts = cold_then_warm(torch, lambda: model.generate(**inputs, **kwargs), warm)
     first_token_s, decode_rate, decode_s = clock.split()
 
     tokens = [int(t) for t in first.sequences[0, n_prompt:].tolist()]
     tokens_again = [int(t) for t in second.sequences[0, n_prompt:].tolist()]
-    breaks, reasons = graph_breaks(counters)
     result = {
         "tokens": tokens,
         "tokens_again": tokens_again,
@@ -409,14 +433,7 @@ def run_generation(torch, preprocessor, model):
         "top_logprobs": top_logprobs(torch, first.logits, tokens, SPEC["top_k"]),
         "special_ids": sorted(int(i) for i in tokenizer.all_special_ids),
         "eos_id": tokenizer.eos_token_id,
-        "graphs_compiled": graphs,
-        "graph_breaks": breaks,
-        "graph_break_reasons": reasons,
-        "compile_cache": cache,
-        "recompiles": recompiles,
-        "recompile_limit": limit.hit,
-        "first_generate_s": first_s,
-        "generate_s": second_s,
+        **facts,
         "time_to_first_token_s": first_token_s,
         "decode_tokens_per_s": decode_rate,
         "decode_s": decode_s,
@@ -518,8 +535,6 @@ def pool(torch, hidden, mask, pooling):
 
 
 def run_embedding(torch, tokenizer, model, pooling):
-    from torch._dynamo.utils import counters
-
     sentences = [s.lower() if pooling["lowercase"] else s for s in SPEC["sentences"]]
     limit = pooling["max_seq_length"]
     batch = tokenizer(sentences, padding=True, truncation=limit is not None, max_length=limit, return_tensors="pt")
@@ -533,41 +548,19 @@ def run_embedding(torch, tokenizer, model, pooling):
     def embed():
         with torch.no_grad():
             out = forward(**inputs)
-        synchronize(torch)
         hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
         return pool(torch, hidden, batch["attention_mask"], pooling)
 
-    counters.clear()
-    before = cache_counts(torch, counters)
-    with RecompileLimit() as limit:
-        enter("compile")
-        start = time.perf_counter()
-        first = embed()
-        first_s = time.perf_counter() - start
-        graphs, cache = compiled_graphs(torch, counters, before)
-
-        enter("generate")
-        start = time.perf_counter()
-        second = embed()
-        second_s = time.perf_counter() - start
-    recompiles = int(counters["stats"]["unique_graphs"]) - graphs
-    breaks, reasons = graph_breaks(counters)
+    first, second, facts = cold_then_warm(torch, embed, embed)
     embeddings = first.tolist()
     return {
-        "graph_breaks": breaks,
-        "graph_break_reasons": reasons,
         "embeddings": embeddings,
         "pooling": pooling,
         "tokens": [],
         "text": None,
         "repeat_identical": embeddings == second.tolist(),
         "prompt_tokens": int(batch["input_ids"].shape[1]),
-        "graphs_compiled": graphs,
-        "compile_cache": cache,
-        "recompiles": recompiles,
-        "recompile_limit": limit.hit,
-        "first_generate_s": first_s,
-        "generate_s": second_s,
+        **facts,
     }
 
 
