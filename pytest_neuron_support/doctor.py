@@ -139,22 +139,12 @@ _PRELUDE = '''\
 """neuron-support doctor check: {name}. Rerun by hand with: python3 {file} out.json"""
 import json
 import os
+import signal
 import sys
 import time
 import traceback
 
 ARGS = {args}
-
-
-def _end_with_parent():
-    # A doctor killed outright must not leave a child holding device cores.
-    try:
-        import ctypes
-        import signal
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
 
 
 def _write(path, data):
@@ -173,7 +163,7 @@ def synchronize(torch):
 _EPILOGUE = """
 
 if __name__ == "__main__":
-    _end_with_parent()
+    end_with_parent()  # a doctor killed outright must not leave a check holding device cores
     try:
         _result = check()
     except BaseException as exc:
@@ -380,7 +370,7 @@ def check():
 
 _PROCESS_GROUP_SCRIPT = """
 def rank_entry(rank, world, rendezvous, out):
-    _end_with_parent()
+    end_with_parent()
     os.environ.update(
         RANK=str(rank),
         LOCAL_RANK=str(rank),
@@ -415,10 +405,8 @@ def rank_entry(rank, world, rendezvous, out):
         sys.exit(1)  # spawn_ranks then stops the other rank instead of leaving it blocked
 
 
-import signal  # used by spawn_ranks, besides the prelude's imports
-
 # run.py's core of a rank (rank_core), rendezvous (join_process_group) and launcher (spawn_ranks),
-# spliced in by _launcher():
+# spliced in by _common(_LAUNCHER_PARTS):
 # @@LAUNCHER@@
 
 
@@ -436,15 +424,18 @@ def check():
 """
 
 
+#: What every check script takes from templates/common.py: run.py's own way of dying with its parent.
+_PRELUDE_PARTS = ("end_with_parent",)
 #: What the process-group check takes from templates/common.py, in this order.
 _LAUNCHER_PARTS = ("rank_core", "RENDEZVOUS_TIMEOUT_S", "join_process_group", "spawn_ranks")
 
 
-def _launcher() -> str:
-    """run.py's own rank launcher and rendezvous (:data:`_LAUNCHER_PARTS` of templates/common.py), so
-    the process-group check pins, starts and joins its ranks exactly as a sharded run.py does: spawned
-    through the standard library, torch not imported in the launcher, the others stopped when one
-    fails, the store on a port rank 0 bound itself."""
+def _common(names: tuple[str, ...]) -> str:
+    """The top-level functions and constants ``names`` of templates/common.py, as source, so a check
+    script does what run.py does with run.py's own code. For the process-group check that is run.py's
+    rank launcher and rendezvous (:data:`_LAUNCHER_PARTS`): it pins, starts and joins its ranks exactly
+    as a sharded run.py does (spawned through the standard library, torch not imported in the
+    launcher, the others stopped when one fails, the store on a port rank 0 bound itself)."""
     source = template("common.py")
     parts: dict[str, ast.stmt] = {}
     for node in ast.parse(source).body:
@@ -452,7 +443,7 @@ def _launcher() -> str:
             parts[node.name] = node
         elif isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
             parts[node.targets[0].id] = node
-    return "\n\n\n".join(str(ast.get_source_segment(source, parts[name])) for name in _LAUNCHER_PARTS)
+    return "\n\n\n".join(str(ast.get_source_segment(source, parts[name])) for name in names)
 
 
 _CHECKPOINT_SCRIPT = """
@@ -704,7 +695,12 @@ class _Doctor:
         script = self.work_dir / f"{stem}.py"
         literal = pprint.pformat(dict(args), sort_dicts=False, width=100)
         script.write_text(
-            _PRELUDE.format(name=name, file=script.name, args=literal) + body + _EPILOGUE, encoding="utf-8"
+            _PRELUDE.format(name=name, file=script.name, args=literal)
+            + _common(_PRELUDE_PARTS)
+            + "\n\n"
+            + body
+            + _EPILOGUE,
+            encoding="utf-8",
         )
         return _Running(script, self.work_dir / f"{stem}.json", self.work_dir / f"{stem}.log", env, self.python)
 
@@ -1013,7 +1009,7 @@ class _Doctor:
             free = [c for c in self.slice if c not in self.owned]
             return f"this session's free cores are {_span(free)}: two adjacent ones are needed", False
         args = self.script_args(backend=self.kind.dist_backend)
-        script = _PROCESS_GROUP_SCRIPT.replace("# @@LAUNCHER@@", _launcher())
+        script = _PROCESS_GROUP_SCRIPT.replace("# @@LAUNCHER@@", _common(_LAUNCHER_PARTS))
         outcome = self.run("process-group", script, args, self.device_env(cores))
         if outcome.error is not None:
             return f"{self.cores_text(cores)}: {outcome.error}", False

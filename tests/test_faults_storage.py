@@ -103,6 +103,10 @@ def test_a_disk_that_fills_mid_sweep_loses_no_row(
 ) -> None:
     results = small_disk / "results"
     monkeypatch.setenv("RESULTS", str(results))
+    # The rescue goes to the system's temporary folder (tempfile): this test's own, so a run of the
+    # suite leaves nothing in /tmp and the rescue read back below is this session's.
+    own_tmp = pytester.mkdir("tmp")
+    monkeypatch.setenv("TMPDIR", str(own_tmp))
     pytester.makeconftest(FILL_AFTER_FIRST)
     prompt = json.dumps(zoo.TINY_PROMPT)
     pytester.makefile(
@@ -124,6 +128,7 @@ def test_a_disk_that_fills_mid_sweep_loses_no_row(
         ]
     )
     rescued = next(line for line in result.stdout.lines if "were saved in" in line).split(" saved in ")[1].split(";")[0]
+    assert Path(rescued).parent == own_tmp
     (results / "filler").unlink()
     merged = subprocess.run(
         [sys.executable, "-m", "pytest_neuron_support.cli", "merge", rescued, "--into", str(results)],

@@ -161,10 +161,10 @@ def test_ranks_meet_in_the_store_rank_zero_bound_itself(tmp_path: Path) -> None:
     # No port is chosen before rank 0 binds one (a port picked and handed over can be taken by
     # another concurrent sharded run meanwhile): rank 0's store takes port 0 and publishes the
     # port it got; a stale rendezvous file from an earlier run is not read.
-    from pytest_neuron_support.doctor import _launcher
+    from pytest_neuron_support.doctor import _LAUNCHER_PARTS, _common
 
     script = tmp_path / "ranks.py"
-    script.write_text(_RENDEZVOUS_SCRIPT.replace("@@LAUNCHER@@", _launcher()), encoding="utf-8")
+    script.write_text(_RENDEZVOUS_SCRIPT.replace("@@LAUNCHER@@", _common(_LAUNCHER_PARTS)), encoding="utf-8")
     out = tmp_path / "result.json"
     proc = subprocess.run(
         [sys.executable, str(script), str(out)], capture_output=True, text=True, timeout=300, check=False
