@@ -570,16 +570,24 @@ def cached_file(repo_id: str, filename: str, *, revision: str | None) -> Path | 
     return Path(found) if isinstance(found, str) else None
 
 
-def safetensors_parameters(repo_id: str, *, revision: str | None, is_expert: Callable[[str], bool]) -> tuple[int, int]:
+def safetensors_parameters(
+    repo_id: str,
+    *,
+    revision: str | None,
+    count: Callable[[str, str, list[int]], int],
+    is_expert: Callable[[str], bool],
+) -> tuple[int, int]:
     """(parameters, expert parameters) of ``repo_id`` from the Hub's safetensors metadata API (the
-    headers only, no weights); a tensor counts as an expert's when ``is_expert(name)``."""
+    headers only, no weights): each tensor counts ``count(name, dtype, shape)`` weights, as an
+    expert's when ``is_expert(name)``. The metadata's own ``parameter_count`` is the header's elements,
+    which is not the weights a packed dtype loads as."""
     from huggingface_hub import get_safetensors_metadata
 
     metadata = get_safetensors_metadata(repo_id, revision=revision)
-    experts = sum(
-        int(tensor.parameter_count)
-        for file in metadata.files_metadata.values()
-        for name, tensor in file.tensors.items()
-        if is_expert(name)
-    )
-    return int(sum(metadata.parameter_count.values())), experts
+    total = experts = 0
+    for file in metadata.files_metadata.values():
+        for name, tensor in file.tensors.items():
+            weights = count(name, str(tensor.dtype), list(tensor.shape))
+            total += weights
+            experts += weights if is_expert(name) else 0
+    return total, experts

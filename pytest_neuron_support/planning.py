@@ -103,7 +103,8 @@ class ModelShape:
         num_experts: routed experts per MoE layer; 0 for dense models.
         has_tp_plan: transformers' config class (the text config for VLMs) has a non-empty
             ``base_model_tp_plan``, i.e. transformers can shard it with tensor parallelism.
-        parameters: total parameter count, all dtypes, as stored in the safetensors files.
+        parameters: total parameter count, all dtypes, of the weights as loaded: the safetensors
+            files' elements, with packed MXFP4 weights counted unpacked (:func:`tensor_parameters`).
         expert_parameters: the part of ``parameters`` in routed experts (tensors named
             ``...experts.<...>``; shared experts are dense): what expert parallelism shards. Counted
             from the safetensors tensor names, or estimated from the config when only a total is known.
@@ -532,8 +533,31 @@ def read_safetensors_header(path: Path) -> dict[str, Any]:
     return header
 
 
+#: Suffixes of the two halves of a packed MXFP4 weight (gpt-oss's experts): ``<weight>_blocks`` holds two
+#: 4-bit values a byte, ``<weight>_scales`` one shared exponent a 32 values, both stored as U8.
+_MXFP4_BLOCKS, _MXFP4_SCALES = "_blocks", "_scales"
+
+
+def tensor_parameters(name: str, dtype: str, shape: Sequence[int]) -> int:
+    """The weights one stored tensor becomes once loaded: its elements, except for packed MXFP4.
+
+    transformers dequantizes an MXFP4 checkpoint to bfloat16 on any device but cuda, xpu and cpu
+    (always on neuron; on those three too without the kernels), so the device holds a ``_blocks``
+    tensor's bytes as two weights each and no scales. Counting the header's elements instead would
+    plan gpt-oss-20b as about 12.0B weights rather than the 20.9B it loads, on too few cores. On a
+    device that keeps MXFP4 the count is high by that factor, which errs towards more cores.
+    """
+    elements = math.prod(shape)
+    if dtype == "U8" and name.endswith(_MXFP4_BLOCKS):
+        return 2 * elements
+    if dtype == "U8" and name.endswith(_MXFP4_SCALES):
+        return 0
+    return elements
+
+
 def count_safetensors_parameters(paths: Sequence[Path]) -> int:
-    """Total elements of every tensor in the given safetensors files (all dtypes), from headers only."""
+    """The weights of every tensor in the given safetensors files (all dtypes, counted by
+    :func:`tensor_parameters`), from headers only."""
     return count_safetensors_split(paths)[0]
 
 
@@ -547,7 +571,7 @@ def count_safetensors_split(paths: Sequence[Path]) -> tuple[int, int]:
             shape = info.get("shape") if isinstance(info, dict) else None
             if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
                 raise PlanningError(f"{path}: tensor {name!r} has no valid shape in the safetensors header")
-            count = math.prod(shape)
+            count = tensor_parameters(name, str(info.get("dtype")), shape)
             total += count
             experts += count if is_expert_tensor(name) else 0
     return total, experts
@@ -736,7 +760,9 @@ def _cached_parameters(model: ModelSpec, tried: list[str]) -> tuple[int, int] | 
 
 def _api_parameters(model: ModelSpec, tried: list[str]) -> tuple[int, int]:
     try:
-        return hub.safetensors_parameters(model.id, revision=model.revision, is_expert=is_expert_tensor)
+        return hub.safetensors_parameters(
+            model.id, revision=model.revision, count=tensor_parameters, is_expert=is_expert_tensor
+        )
     # Offline mode, not a safetensors repo, gated, not found, network: all leave no count.
     except Exception as exc:
         tried.append(f"hub api get_safetensors_metadata: {_brief(exc)}")

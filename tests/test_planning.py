@@ -32,6 +32,7 @@ from pytest_neuron_support.planning import (
     count_safetensors_parameters,
     cpu_threads,
     inspect_model,
+    is_expert_tensor,
     plan_cores,
     read_safetensors_header,
 )
@@ -193,7 +194,7 @@ def test_expert_parallelism_keeps_the_dense_part_whole_on_every_core() -> None:
 
 
 def test_expert_parameters_are_counted_by_tensor_name_and_estimated_from_a_config() -> None:
-    from pytest_neuron_support.planning import estimate_expert_parameters, is_expert_tensor
+    from pytest_neuron_support.planning import estimate_expert_parameters
 
     assert is_expert_tensor("model.layers.3.mlp.experts.7.down_proj.weight")  # qwen3_moe, deepseek
     assert is_expert_tensor("model.layers.0.block_sparse_moe.experts.0.w1.weight")  # mixtral
@@ -551,6 +552,79 @@ def test_inspect_falls_back_to_the_hub_api(tmp_path: Path) -> None:
     assert any("model.safetensors" in path for path in asked)  # counted from headers, weights never fetched
     rebuilt = ModelShape(**shape)
     assert plan(rebuilt).skip is not None and "needs 128 cores" in (plan(rebuilt).skip or "")
+
+
+def test_mxfp4_experts_are_counted_as_the_weights_transformers_loads(tmp_path: Path) -> None:
+    # gpt-oss ships its experts as MXFP4: U8 ``_blocks`` (two 4-bit weights a byte) and U8 ``_scales``,
+    # which transformers dequantizes to bf16 off cuda (on neuron always). A real tiny gpt_oss checkpoint
+    # in that layout, loaded by transformers, must plan as the weights it loads, by both counting paths:
+    # the safetensors headers on disk and the Hub's metadata API (the loopback Hub).
+    import torch
+    from hubserver import HubServer, ModelRecord
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM, GptOssConfig, GptOssForCausalLM
+
+    from pytest_neuron_support.planning import count_safetensors_split
+
+    config = GptOssConfig(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        max_position_embeddings=256,
+    )
+    torch.manual_seed(0)
+    tensors: dict[str, Any] = {}
+    for name, weight in GptOssForCausalLM(config).to(torch.bfloat16).state_dict().items():
+        if name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+            experts, rows, columns = weight.shape  # stored transposed, 32 rows a block of 16 bytes
+            tensors[f"{name}_blocks"] = torch.randint(0, 256, (experts, columns, rows // 32, 16), dtype=torch.uint8)
+            tensors[f"{name}_scales"] = torch.full((experts, columns, rows // 32), 127, dtype=torch.uint8)
+        else:
+            tensors[name] = weight.contiguous()
+    checkpoint = tmp_path / "gpt-oss-tiny"
+    checkpoint.mkdir()
+    save_file(tensors, str(checkpoint / "model.safetensors"), metadata={"format": "pt"})
+    raw_config = {**config.to_dict(), "quantization_config": {"quant_method": "mxfp4"}}
+    (checkpoint / "config.json").write_text(json.dumps(raw_config), encoding="utf-8")
+
+    loaded = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.bfloat16)
+    weights = sum(p.numel() for p in loaded.parameters())
+    expert_weights = sum(p.numel() for name, p in loaded.named_parameters() if is_expert_tensor(name))
+    assert loaded.model.layers[0].mlp.experts.down_proj.dtype == torch.bfloat16  # dequantized, not packed
+    elements = sum(t.numel() for t in tensors.values())
+    assert elements < weights  # the header's element count is not the weights the device holds
+
+    assert count_safetensors_split([checkpoint / "model.safetensors"]) == (weights, expert_weights)
+
+    header = read_safetensors_header(checkpoint / "model.safetensors")
+    record = ModelRecord(
+        id="openai/gpt-oss-tiny",
+        files={"config.json": json.dumps(raw_config).encode()},
+        tensors={name: (info["dtype"], info["shape"]) for name, info in header.items() if name != "__metadata__"},
+    )
+    code = (
+        "import dataclasses, json\n"
+        "from pytest_neuron_support.catalog import ModelSpec\n"
+        "from pytest_neuron_support.planning import inspect_model\n"
+        "print(json.dumps(dataclasses.asdict(inspect_model(ModelSpec(id='openai/gpt-oss-tiny')))))\n"
+    )
+    with HubServer([record]) as server:
+        env = {**os.environ, **server.env(), "HF_HUB_CACHE": str(tmp_path / "hub")}
+        env.pop("TRANSFORMERS_OFFLINE", None)
+        done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    shape = json.loads(done.stdout.strip().splitlines()[-1])
+    assert (shape["parameters"], shape["expert_parameters"], shape["weights_source"]) == (
+        weights,
+        expert_weights,
+        "hub api",
+    )
 
 
 def test_module_import_stays_cheap() -> None:
