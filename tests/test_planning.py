@@ -518,11 +518,33 @@ def test_missing_model_offline_is_a_planning_error(hub_results: dict[str, Any]) 
     assert "tiny-org/absent" in error and "config.json" in error
 
 
+def inspect_on_the_loopback_hub(record: Any, tmp_path: Path) -> tuple[dict[str, Any], list[str]]:
+    """``inspect_model`` of ``record`` (a ``hubserver.ModelRecord``) through the real client against the
+    loopback Hub, with nothing cached: the shape as a dict, and the paths the client asked for.
+    huggingface_hub binds its endpoint at import, so the planner runs in a fresh interpreter."""
+    from hubserver import HubServer
+
+    code = (
+        "import dataclasses, json, sys\n"
+        "from pytest_neuron_support.catalog import ModelSpec\n"
+        "from pytest_neuron_support.planning import inspect_model\n"
+        "print(json.dumps(dataclasses.asdict(inspect_model(ModelSpec(id=sys.argv[1])))))\n"
+    )
+    with HubServer([record]) as server:
+        env = {**os.environ, **server.env(), "HF_HUB_CACHE": str(tmp_path / "hub")}
+        env.pop("TRANSFORMERS_OFFLINE", None)
+        done = subprocess.run(
+            [sys.executable, "-c", code, record.id], env=env, capture_output=True, text=True, check=False
+        )
+        asked = [request.path for request in server.requests]
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1]), asked
+
+
 def test_inspect_falls_back_to_the_hub_api(tmp_path: Path) -> None:
     # The real client against the loopback Hub (tests/hubserver.py): DeepSeek-V3's real config and
     # per-dtype parameter counts, served as safetensors headers the client reads with Range requests.
-    # huggingface_hub binds its endpoint at import, so the planner runs in a fresh interpreter.
-    from hubserver import HubServer, ModelRecord
+    from hubserver import ModelRecord
 
     data = fixture("deepseek-ai_DeepSeek-V3")
     dtypes = {"BF16": "BF16", "F8_E4M3": "F8_E4M3", "F32": "F32"}
@@ -532,19 +554,7 @@ def test_inspect_falls_back_to_the_hub_api(tmp_path: Path) -> None:
     record = ModelRecord(
         id="deepseek-ai/DeepSeek-V3", files={"config.json": json.dumps(data["config"]).encode()}, tensors=tensors
     )
-    code = (
-        "import dataclasses, json\n"
-        "from pytest_neuron_support.catalog import ModelSpec\n"
-        "from pytest_neuron_support.planning import inspect_model\n"
-        "print(json.dumps(dataclasses.asdict(inspect_model(ModelSpec(id='deepseek-ai/DeepSeek-V3')))))\n"
-    )
-    with HubServer([record]) as server:
-        env = {**os.environ, **server.env(), "HF_HUB_CACHE": str(tmp_path / "hub")}
-        env.pop("TRANSFORMERS_OFFLINE", None)
-        done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False)
-        asked = [request.path for request in server.requests]
-    assert done.returncode == 0, done.stderr[-3000:]
-    shape = json.loads(done.stdout.strip().splitlines()[-1])
+    shape, asked = inspect_on_the_loopback_hub(record, tmp_path)
     assert (shape["parameters"], shape["weights_source"]) == (684_531_386_000, "hub api")
     assert shape["expert_parameters"] == data["parameters"]["F8_E4M3"]  # from the Hub's tensor names
     assert (shape["model_type"], shape["num_experts"], shape["has_tp_plan"]) == ("deepseek_v3", 256, True)
@@ -560,7 +570,7 @@ def test_mxfp4_experts_are_counted_as_the_weights_transformers_loads(tmp_path: P
     # in that layout, loaded by transformers, must plan as the weights it loads, by both counting paths:
     # the safetensors headers on disk and the Hub's metadata API (the loopback Hub).
     import torch
-    from hubserver import HubServer, ModelRecord
+    from hubserver import ModelRecord
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, GptOssConfig, GptOssForCausalLM
 
@@ -608,18 +618,7 @@ def test_mxfp4_experts_are_counted_as_the_weights_transformers_loads(tmp_path: P
         files={"config.json": json.dumps(raw_config).encode()},
         tensors={name: (info["dtype"], info["shape"]) for name, info in header.items() if name != "__metadata__"},
     )
-    code = (
-        "import dataclasses, json\n"
-        "from pytest_neuron_support.catalog import ModelSpec\n"
-        "from pytest_neuron_support.planning import inspect_model\n"
-        "print(json.dumps(dataclasses.asdict(inspect_model(ModelSpec(id='openai/gpt-oss-tiny')))))\n"
-    )
-    with HubServer([record]) as server:
-        env = {**os.environ, **server.env(), "HF_HUB_CACHE": str(tmp_path / "hub")}
-        env.pop("TRANSFORMERS_OFFLINE", None)
-        done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False)
-    assert done.returncode == 0, done.stderr[-3000:]
-    shape = json.loads(done.stdout.strip().splitlines()[-1])
+    shape = inspect_on_the_loopback_hub(record, tmp_path)[0]
     assert (shape["parameters"], shape["expert_parameters"], shape["weights_source"]) == (
         weights,
         expert_weights,
