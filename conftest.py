@@ -55,3 +55,54 @@ def pytest_report_header(config: pytest.Config) -> str:
     if _named(config, TESTS):
         return "suite: the project's own tests (tests/)"
     return "suite: as named on the command line"
+
+
+#: Where .ci/run asks for the tally of the project's own tests: every collected test id and how each
+#: ended, so .ci/tally.py can check that every collected test ran and that each skip is allowed. Read
+#: once, on the controller, and removed from the environment at once: the xdist workers and the pytest
+#: sessions the tests start must not write it.
+TALLY_ENV = "NEURON_SUPPORT_TEST_TALLY"
+
+
+class _Tally:
+    """Collected ids (from the first xdist worker that collected, or this session) and outcomes."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.collected: list[str] = []
+        self.outcomes: dict[str, str] = {}
+        self.skips: dict[str, str] = {}
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_node_collection_finished(self, node: object, ids: list[str]) -> None:
+        if not self.collected:
+            self.collected = list(ids)
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        if session.items and not self.collected:
+            self.collected = [item.nodeid for item in session.items]
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.failed and report.when != "call":
+            self.outcomes[report.nodeid] = "error"
+        elif report.skipped and report.when in ("setup", "call"):
+            xfail = hasattr(report, "wasxfail")
+            self.outcomes[report.nodeid] = "xfailed" if xfail else "skipped"
+            if not xfail and isinstance(report.longrepr, tuple):
+                self.skips[report.nodeid] = str(report.longrepr[2])
+        elif report.when == "call":
+            self.outcomes.setdefault(report.nodeid, report.outcome)
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        import json
+
+        tally = {"collected": self.collected, "outcomes": self.outcomes, "skips": self.skips}
+        self.path.write_text(json.dumps(tally, indent=1), encoding="utf-8")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    import os
+
+    path = os.environ.pop(TALLY_ENV, None)
+    if path and not hasattr(config, "workerinput"):
+        config.pluginmanager.register(_Tally(Path(path)), "neuron-support-test-tally")

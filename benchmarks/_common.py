@@ -50,7 +50,8 @@ def sweep(
     """
     env = {**os.environ, "HF_HUB_CACHE": str(zoo_cache()), "HF_HUB_OFFLINE": "1", **(env or {})}
     start = time.monotonic()
-    out = subprocess.DEVNULL if log is None else log.open("w", encoding="utf-8")
+    log_file = None if log is None else log.open("w", encoding="utf-8")
+    out = subprocess.DEVNULL if log_file is None else log_file
     try:
         subprocess.run(
             [
@@ -72,7 +73,7 @@ def sweep(
             stderr=None if log is None else subprocess.STDOUT,
         )
     finally:
-        if log is not None:
-            out.close()
+        if log_file is not None:
+            log_file.close()
     wall = time.monotonic() - start
     return wall, pd.read_parquet(results / "data")

@@ -50,12 +50,19 @@ class Fault:
         expected: FAULT (a correct harness must not PASS it) or HEALTHY (it must PASS).
         applies_to: ALL, SHARDED or SINGLE catalog entries.
         source: the post-load Python source run.py executes.
+        stage: the failure stage at which a correct harness FAILs the row (``parity`` or ``generate``);
+            None for a healthy kind. A FAIL anywhere else did not catch the fault for what it is.
+        position: the token index the row's evidence must name, where the fault fixes one: the first
+            teacher-forced disagreement (stage ``parity``) or the warm run's divergence (``generate``).
+            None where the fault changes tokens at no fixed index (then any disagreement is evidence).
     """
 
     description: str
     expected: str
     applies_to: str
     source: str
+    stage: str | None = None
+    position: int | None = None
 
 
 # Shared prologue of the logits faults: wrap generate() so each call appends a fresh processor
@@ -108,7 +115,9 @@ if not _layers:
 """
 
 
-def _logits_fault(body: str) -> str:
+def logits_fault(body: str) -> str:
+    """A logits fault's source: ``body`` is the body of ``_fault(step, call, pad, scores)``, which returns
+    the scores greedy decoding takes its argmax of (``_second_best(scores)`` swaps the two best)."""
     return _LOGITS + _SECOND_BEST + "\n\ndef _fault(step, call, pad, scores):\n" + body
 
 
@@ -119,21 +128,27 @@ _TABLE: dict[str, Fault] = {
         "model's runner-up, the rest is decoded normally from there; recorded logits are the raw ones",
         FAULT,
         ALL,
-        _logits_fault("    return _second_best(scores) if step == 4 else scores\n"),
+        logits_fault("    return _second_best(scores) if step == 4 else scores\n"),
+        stage="parity",
+        position=4,
     ),
     "second-best-from-step-4": Fault(
         "from decoding step 4 on, the top-1 and top-2 scores are swapped at every step (logits processor): "
         "greedy decoding always takes the runner-up; recorded logits are the raw ones",
         FAULT,
         ALL,
-        _logits_fault("    return _second_best(scores) if step >= 4 else scores\n"),
+        logits_fault("    return _second_best(scores) if step >= 4 else scores\n"),
+        stage="parity",
+        position=4,
     ),
     "late-second-best": Fault(
         "from decoding step 10 on (the first 10 tokens are right), the top-1 and top-2 scores are swapped "
         "(logits processor); recorded logits are the raw ones",
         FAULT,
         ALL,
-        _logits_fault("    return _second_best(scores) if step >= 10 else scores\n"),
+        logits_fault("    return _second_best(scores) if step >= 10 else scores\n"),
+        stage="parity",
+        position=10,
     ),
     "rank1-shard-zeroed": Fault(
         "rank 1 only: its local tensor of every attention output and MLP down projection weight (experts' "
@@ -160,6 +175,7 @@ if os.environ.get("RANK") == "1":
         raise RuntimeError("planted rank1-shard-zeroed: no output projection found")
     print(f"[planted fault] rank1-shard-zeroed: rank 1 zeroed its shard of {_zeroed}", file=sys.stderr)
 """,
+        stage="parity",
     ),
     "dead-layer": Fault(
         "the first decoder layer adds nothing to the residual stream: its attention output projection and MLP "
@@ -185,6 +201,7 @@ if not _zeroed:
     raise RuntimeError("planted dead-layer: no output projection in decoder layer 0")
 print(f"[planted fault] dead-layer: zeroed layer 0's {_zeroed}", file=sys.stderr)
 """,
+        stage="parity",
     ),
     "prefill-off-by-one": Fault(
         "prefill only: decoder layer 0 writes its output over the prompt one position late (a forward hook rolls "
@@ -211,13 +228,16 @@ def _prefill_off_by_one(module, args, kwargs, output):
 
 _layers[0].register_forward_hook(_prefill_off_by_one, with_kwargs=True)
 """,
+        stage="parity",
     ),
     "warm-run-second-best": Fault(
         "only the second (warm) generate() is wrong: from its step 4 on the top-1 and top-2 scores are swapped "
         "(logits processor); the first generate(), whose tokens and logits are recorded, is healthy",
         FAULT,
         ALL,
-        _logits_fault("    return _second_best(scores) if call >= 2 and step >= 4 else scores\n"),
+        logits_fault("    return _second_best(scores) if call >= 2 and step >= 4 else scores\n"),
+        stage="generate",
+        position=4,
     ),
     "embedding-rows-swapped": Fault(
         "the input embedding rows of the prompt's two most frequent tokens are swapped, on a private copy of "
@@ -251,6 +271,7 @@ with torch.no_grad():
         _weight[[_a, _b]] = _weight[[_b, _a]].clone()
 print(f"[planted fault] embedding-rows-swapped: input rows {_a} and {_b} swapped", file=sys.stderr)
 """,
+        stage="parity",
     ),
     "dead-after-step-3": Fault(
         "a dead model from decoding step 3 on: every score is 0 but the pad token's (1), so greedy decoding "
@@ -258,13 +279,15 @@ print(f"[planted fault] embedding-rows-swapped: input rows {_a} and {_b} swapped
         "recorded logits are the raw ones",
         FAULT,
         ALL,
-        _logits_fault(
+        logits_fault(
             "    if step < 3:\n"
             "        return scores\n"
             "    dead = torch.zeros_like(scores)\n"
             "    dead[:, 0 if pad is None else pad] = 1.0\n"
             "    return dead\n"
         ),
+        stage="parity",
+        position=3,
     ),
     # --- healthy stand-ins: a correct harness must accept every one ---
     "no-op": Fault(
@@ -302,7 +325,7 @@ print(f"[planted fault] bf16-weight-jitter: {_moved} of {_total} weights moved",
         "every score at every step (logits processor); recorded logits are the raw ones",
         HEALTHY,
         ALL,
-        _logits_fault(
+        logits_fault(
             "    generator = torch.Generator().manual_seed(step)\n"
             "    noise = torch.randn(scores.shape, generator=generator) * 0.01\n"
             "    return scores + noise.to(scores.device, scores.dtype)\n"

@@ -4,12 +4,17 @@ Each kind of benchmarks/faults.py (a corpus of device-side faults of our own, pl
 stand-ins) is planted, through the plugin's post-load hook, into the DEVICE run.py of every tiny-zoo
 generation model it applies to (models-tiny.yaml's text-generation and image-text-to-text entries;
 not the embedding entry): one CPU pytest session per kind, whose conftest returns the source of
-the kind named by NEURON_SUPPORT_PLANTED_FAULT. The CPU reference never runs it. Prints, per kind:
-what it is, whether a correct harness must reject it (fault) or accept it (healthy), the models
-run, false PASS (a fault kind's row is PASS) and false FAIL (a healthy kind's row is not PASS),
-each row's result@failure_stage summarised, and verdict_basis when the rows have that column.
-Every row's runscript is checked to carry the planted source, so a fault that never reached the
-device cannot pass for a caught one.
+the kind named by NEURON_SUPPORT_PLANTED_FAULT. The CPU reference never runs it.
+
+Every row is judged by a strict oracle (:func:`judge`): a fault kind counts as caught only as a FAIL
+at its stage (``parity``, or ``generate`` for the warm-run kind) with the evidence it plants (its first
+teacher-forced disagreement, or the warm run's divergence, at the planted position); a PASS, or a FAIL
+elsewhere or without that evidence, is missed. A healthy kind must PASS (else a false FAIL). A row with
+no verdict (ERROR, TIMEOUT, no row, SKIPPED or EXCLUDED, or a run.py that does not carry the planted
+source) is a broken fault, reported as one and never counted as caught. Prints, per kind: what it is,
+whether a correct harness must reject it (fault) or accept it (healthy), the models run, caught /
+missed / false FAIL / broken, each row's result@failure_stage summarised, and verdict_basis when the
+rows have that column.
 
     python benchmarks/planted_faults.py [--kinds a,b] [--models id,id] [-n 2] [--keep DIR]
 
@@ -17,8 +22,7 @@ From a checkout whose editable install points elsewhere, put the checkout first:
 ``PYTHONPATH=$PWD .venv/bin/python benchmarks/planted_faults.py``. The CPU references and the compile
 cache persist under --cache-dir (default ~/.cache/neuron-support/planted-faults), so a rerun only
 repeats the device runs. Each session imports benchmarks/faults.py afresh: leave it alone while this
-runs. Targets: 0 false PASS, 0 false FAIL; exit status 1 when one is missed (or a
-row is missing, or its run.py lacks the fault).
+runs. Targets: 0 missed, 0 false FAIL, 0 broken; exit status 1 otherwise.
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ from typing import Any
 import pandas as pd
 import yaml
 from _common import REPO, sweep, zoo_cache
-from faults import ENV_VAR, FAULT, FAULTS, HEALTHY, applies, conftest
+from faults import ENV_VAR, FAULT, FAULTS, HEALTHY, Fault, applies, conftest
 
 from pytest_neuron_support.settings import slug
 from pytest_neuron_support.tasks import GENERATION_TASKS
@@ -55,31 +59,102 @@ DEFAULT_CACHE = Path.home() / ".cache" / "neuron-support" / "planted-faults"
 NOT_RUN = ("SKIPPED", "EXCLUDED")
 
 
+#: What the oracle (:func:`judge`) makes of one row of a fault kind ...
+CAUGHT = "caught"  # a FAIL at the kind's stage, with the evidence it plants
+MISSED = "missed"  # a PASS, or a FAIL elsewhere or without that evidence: the harness did not catch it
+#: ... and of one row of a healthy kind.
+ACCEPTED = "accepted"  # a PASS
+FALSE_FAIL = "false-fail"  # a FAIL
+#: Either kind: the row says nothing about the harness's verdicts. ERROR or TIMEOUT (the planted source,
+#: or something around the run, broke it), no row, a row never run (SKIPPED, EXCLUDED), or a run.py
+#: that does not carry the planted source. Never counted as caught.
+BROKEN = "broken-fault"
+#: Results of a run that got a verdict.
+VERDICTS = ("PASS", "FAIL")
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """The oracle's reading of one model's row under one planted kind: the outcome, and why."""
+
+    model: str
+    outcome: str
+    why: str
+
+
+def _missing_evidence(fault: Fault, row: Mapping[str, Any]) -> str | None:
+    """What the row lacks of the evidence ``fault`` plants at its stage, or None when it holds it all."""
+    if fault.stage == "parity":
+        # Every generation row that reaches a parity verdict carries the teacher-forced check's evidence
+        # (one-core and sharded alike): the disagreement the fault made must be in it.
+        disagreeing, first = _clean(row.get("positions_disagreeing")), _clean(row.get("first_disagreement"))
+        if not disagreeing:
+            return "the teacher-forced CPU check recorded no disagreeing position"
+        if fault.position is not None and first != fault.position:
+            return f"the first teacher-forced disagreement is at position {first}, not at the planted {fault.position}"
+        return None
+    if fault.stage == "generate":
+        divergence = _clean(row.get("repeat_divergence"))
+        if row.get("verdict_basis") != "repeat" or divergence is None:
+            return "no divergence of the warm run from the first is recorded"
+        if fault.position is not None and divergence != fault.position:
+            return f"the warm run diverges at position {divergence}, not at the planted {fault.position}"
+        return None
+    raise ValueError(f"fault stage {fault.stage!r} has no evidence rule; use 'parity' or 'generate'")
+
+
+def judge(fault: Fault, model: str, row: Mapping[str, Any] | None) -> Judgement:
+    """The benchmark's oracle: one model's row (None when the session wrote none) under ``fault``.
+
+    A fault kind is caught only as a FAIL at its stage with its evidence (:func:`_missing_evidence`);
+    a healthy kind must PASS. Whatever gave no verdict (ERROR, TIMEOUT, no row, not run, the planted
+    source absent from run.py) is a broken fault, never a catch."""
+    if row is None:
+        return Judgement(model, BROKEN, "no row: the session wrote none for this model")
+    result, stage, error = row.get("result"), row.get("failure_stage"), row.get("error") or ""
+    where = f"{result}@{stage}" if stage else str(result)
+    if result not in VERDICTS:
+        return Judgement(model, BROKEN, f"{where}, no verdict: {error[:300]}".rstrip(": "))
+    if planted_source(row.get("runscript")) != fault.source:
+        return Judgement(model, BROKEN, f"{where}, but its run.py does not carry the planted source")
+    if fault.expected == HEALTHY:
+        if result == "PASS":
+            return Judgement(model, ACCEPTED, "PASS")
+        return Judgement(model, FALSE_FAIL, f"{where}: {error[:300]}")
+    if result == "PASS":
+        return Judgement(model, MISSED, "PASS: the harness accepted the planted fault")
+    if stage != fault.stage:
+        return Judgement(model, MISSED, f"{where}, not at stage {fault.stage}: {error[:300]}")
+    missing = _missing_evidence(fault, row)
+    if missing is not None:
+        return Judgement(model, MISSED, f"{where}, but {missing}")
+    evidence = f" at position {fault.position}" if fault.position is not None else ""
+    return Judgement(model, CAUGHT, f"{where}{evidence}")
+
+
 @dataclass
 class Outcome:
-    """One kind's session, judged."""
+    """One kind's session, judged row by row."""
 
     kind: str
     models: list[str]
     wall_s: float = 0.0
     rows: list[dict[str, Any]] = field(default_factory=list)
-    missing: list[str] = field(default_factory=list)  # models without a verdict: no row, or SKIPPED/EXCLUDED
-    unplanted: list[str] = field(default_factory=list)  # rows whose run.py does not carry the fault
+    judgements: list[Judgement] = field(default_factory=list)
 
     @property
     def expected(self) -> str:
         return FAULTS[self.kind].expected
 
-    def wrong(self) -> list[dict[str, Any]]:
-        """Rows with the wrong verdict: a fault that PASSed, or a healthy run that did not. A row that
-        was never run (SKIPPED, EXCLUDED) is no verdict either way: it counts as missing instead."""
-        judged = [r for r in self.rows if r["result"] not in NOT_RUN]
-        if self.expected == FAULT:
-            return [r for r in judged if r["result"] == "PASS"]
-        return [r for r in judged if r["result"] != "PASS"]
+    def count(self, outcome: str) -> int:
+        return sum(1 for j in self.judgements if j.outcome == outcome)
+
+    def wrong(self) -> list[Judgement]:
+        """Every judgement that is not what a correct harness and a working fault give."""
+        return [j for j in self.judgements if j.outcome not in (CAUGHT, ACCEPTED)]
 
     def ok(self) -> bool:
-        return not self.wrong() and not self.missing and not self.unplanted
+        return not self.wrong() and len(self.judgements) == len(self.models)
 
 
 def generation_entries(path: Path = CATALOG) -> list[dict[str, Any]]:
@@ -109,19 +184,27 @@ def planted_source(runscript: str | None) -> str | None:
         return None
     for node in ast.parse(runscript).body:
         if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "SPEC" for t in node.targets):
-            return ast.literal_eval(node.value).get("post_load")
+            source = ast.literal_eval(node.value).get("post_load")
+            return None if source is None else str(source)
     return None
 
 
 def run_kind(
-    kind: str, entries: Sequence[Mapping[str, Any]], judge: Any, work: Path, workers: int, cache: Path
+    kind: str,
+    entries: Sequence[Mapping[str, Any]],
+    judge_model: Any,
+    work: Path,
+    workers: int,
+    cache: Path,
+    extra_args: Sequence[str] = (),
 ) -> Outcome:
-    """One pytest session with ``kind`` planted into every entry of ``entries``."""
+    """One pytest session with ``kind`` planted into every entry of ``entries`` (``extra_args`` go to
+    pytest as they are), each model's row judged by :func:`judge`."""
     fault = FAULTS[kind]
     directory = work / kind
     directory.mkdir(parents=True, exist_ok=True)
     models_file = directory / "models.yaml"
-    models_file.write_text(yaml.safe_dump({"judge": judge, "models": list(entries)}, sort_keys=False, width=1000))
+    models_file.write_text(yaml.safe_dump({"judge": judge_model, "models": list(entries)}, sort_keys=False, width=1000))
     (directory / "conftest.py").write_text(conftest(str(BENCH)), encoding="utf-8")
     outcome = Outcome(kind, [entry["id"] for entry in entries])
     args = [
@@ -130,6 +213,7 @@ def run_kind(
         f"--neuron-cores={POOL}",
         f"--reference-cache={cache / 'reference'}",
         f"--neff-cache={cache / 'compile'}",
+        *extra_args,
     ]
     start = time.monotonic()
     try:
@@ -144,16 +228,10 @@ def run_kind(
     rows = {row["model_id"]: row for row in records}
     for model in outcome.models:
         row = rows.get(model)
-        if row is None:
-            outcome.missing.append(model)
-            continue
-        row.setdefault("repeat_identical", _repeat_identical(directory / "results", model))
-        outcome.rows.append(row)
-        if row["result"] in NOT_RUN:
-            outcome.missing.append(model)
-        # A row that ran (not skipped at plan) must have executed exactly the planted source.
-        if row.get("runscript") and planted_source(row["runscript"]) != fault.source:
-            outcome.unplanted.append(model)
+        if row is not None:
+            row.setdefault("repeat_identical", _repeat_identical(directory / "results", model))
+            outcome.rows.append(row)
+        outcome.judgements.append(judge(fault, model, row))
     return outcome
 
 
@@ -164,7 +242,8 @@ def _repeat_identical(results: Path, model: str) -> bool | None:
         result = json.loads((results / "runs" / slug(model) / "cpu" / "device" / "result.json").read_text())
     except (OSError, ValueError):
         return None
-    return result.get("repeat_identical")
+    value = result.get("repeat_identical")
+    return None if value is None else bool(value)
 
 
 def _clean(value: Any) -> Any:
@@ -188,24 +267,28 @@ def tokens_changed(row: Mapping[str, Any]) -> bool | None:
     reference = row.get("reference_tokens")
     if reference is None or len(reference) == 0:
         return None
-    return list(row.get("tokens") if row.get("tokens") is not None else ()) != list(reference)
+    tokens = row.get("tokens")
+    return list(tokens if tokens is not None else ()) != list(reference)
 
 
 def report(outcomes: Sequence[Outcome], basis: bool) -> None:
-    header = ["kind", "must", "models", "false PASS", "false FAIL", "tokens!=ref", "warm!=cold", "s", "results"]
+    header = ["kind", "must", "models", "caught", "missed", "false FAIL", "broken", "tokens!=ref", "warm!=cold"]
+    header += ["s", "results"]
     if basis:
         header.append("verdict_basis")
     lines = [header]
     for o in outcomes:
-        wrong = len(o.wrong())
+        fault = o.expected == FAULT
         changed = [c for c in map(tokens_changed, o.rows) if c is not None]
         repeats = [r["repeat_identical"] for r in o.rows if r.get("repeat_identical") is not None]
         line = [
             o.kind,
-            "reject" if o.expected == FAULT else "accept",
+            "reject" if fault else "accept",
             str(len(o.models)),
-            str(wrong) if o.expected == FAULT else "-",
-            str(wrong) if o.expected == HEALTHY else "-",
+            str(o.count(CAUGHT)) if fault else "-",
+            str(o.count(MISSED)) if fault else "-",
+            "-" if fault else str(o.count(FALSE_FAIL)),
+            str(o.count(BROKEN)),
             f"{sum(changed)}/{len(changed)}" if changed else "-",
             f"{repeats.count(False)}/{len(repeats)}" if repeats else "-",
             f"{o.wall_s:.0f}",
@@ -217,7 +300,10 @@ def report(outcomes: Sequence[Outcome], basis: bool) -> None:
     widths = [max(len(line[i]) for line in lines) for i in range(len(header) - 1)]
     for line in lines:
         print("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=False)) + "  " + line[-1])
-    print("\ntokens!=ref: rows whose device tokens differ from the clean CPU reference's / rows with a reference;")
+    print("\ncaught: a FAIL at the kind's stage with its evidence (its first teacher-forced disagreement, or the warm")
+    print("run's divergence, at the planted position); missed: a PASS, or a FAIL elsewhere or without that evidence;")
+    print("broken: no verdict at all (ERROR, TIMEOUT, no row, not run, run.py without the planted source);")
+    print("tokens!=ref: rows whose device tokens differ from the clean CPU reference's / rows with a reference;")
     print("warm!=cold: rows whose second (warm) generate() gave other tokens than the first / rows that ran both")
     print("(together: whether the planted source changed what the device decoded). Kinds:")
     for o in outcomes:
@@ -225,15 +311,12 @@ def report(outcomes: Sequence[Outcome], basis: bool) -> None:
 
 
 def report_misses(outcomes: Sequence[Outcome]) -> None:
+    rows = {(o.kind, r["model_id"]): r for o in outcomes for r in o.rows}
     for o in outcomes:
-        for row in o.wrong():
-            text = (row.get("text") or "")[:90]
-            judged = f", judge {row.get('judge_verdict')} {row.get('judge_score')}" if row.get("judge_verdict") else ""
-            print(f"  {o.kind}: {row['model_id']} {verdict(row)}{judged}: {row.get('error') or text!r}")
-        for model in o.missing:
-            print(f"  {o.kind}: {model} has no verdict (no row, or it was not run)")
-        for model in o.unplanted:
-            print(f"  {o.kind}: {model}'s run.py does not carry the planted source")
+        for judged in o.wrong():
+            row = rows.get((o.kind, judged.model)) or {}
+            verdicts = f", judge {row['judge_verdict']} {row.get('judge_score')}" if row.get("judge_verdict") else ""
+            print(f"  {o.kind}: {judged.model} {judged.outcome}{verdicts}: {judged.why}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -250,7 +333,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     kinds = chosen(args.kinds, list(FAULTS), "kinds")
     models = chosen(args.models, [entry["id"] for entry in entries], "models (generation entries of models-tiny.yaml)")
     selected = [entry for entry in entries if entry["id"] in models]
-    judge = judge_of()
+    judge_model = judge_of()
     print("tiny zoo: building or checking it (minutes on a fresh machine)...", flush=True)
     # Once, before the sessions time themselves; its twelve "already installed" lines say nothing here.
     with contextlib.redirect_stdout(io.StringIO()):
@@ -263,18 +346,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             if not targets:
                 print(f"  {kind}: applies to {FAULTS[kind].applies_to} entries, none selected; not run")
                 continue
-            outcome = run_kind(kind, targets, judge, work, args.workers, args.cache_dir.expanduser())
+            outcome = run_kind(kind, targets, judge_model, work, args.workers, args.cache_dir.expanduser())
             print(f"  {kind}: {len(targets)} model(s) in {outcome.wall_s:.0f}s: {summary(map(verdict, outcome.rows))}")
             outcomes.append(outcome)
         print()
         basis = any("verdict_basis" in row for o in outcomes for row in o.rows)
         report(outcomes, basis)
-    false_pass = sum(len(o.wrong()) for o in outcomes if o.expected == FAULT)
-    false_fail = sum(len(o.wrong()) for o in outcomes if o.expected == HEALTHY)
-    broken = sum(len(o.missing) + len(o.unplanted) for o in outcomes)
-    print(f"\nfalse PASS = {false_pass}  (target 0)\nfalse FAIL = {false_fail}  (target 0)")
-    if broken:
-        print(f"models without a verdict or without the planted source = {broken}  (must be 0)")
+    missed = sum(o.count(MISSED) for o in outcomes)
+    false_fail = sum(o.count(FALSE_FAIL) for o in outcomes)
+    broken = sum(o.count(BROKEN) for o in outcomes)
+    print(f"\nmissed = {missed}  (target 0: a false PASS, or a FAIL without the fault's evidence at its stage)")
+    print(f"false FAIL = {false_fail}  (target 0)\nbroken faults = {broken}  (target 0: no verdict, never a catch)")
     if not all(o.ok() for o in outcomes):
         print("misses:")
         report_misses(outcomes)

@@ -27,11 +27,11 @@ def main() -> None:
         warm_wall, warm = sweep(work, models, work / "warm", *caches, f"--junitxml={junit}")
         items = {case.get("name"): float(case.get("time", 0)) for case in ET.parse(junit).iter("testcase")}
     print(
-        f"cold: {cold_wall:.1f}s  (compile cache hits {int(cold.compile_cache_hits.sum())}, "
+        f"cold: {cold_wall:.1f}s  (compile cache hits {int(cold.persistent_cache_hits.sum())}, "
         f"references cached {int(cold.reference_cached.sum())})"
     )
     print(
-        f"warm: {warm_wall:.1f}s  (compile cache hits {int(warm.compile_cache_hits.sum())}, "
+        f"warm: {warm_wall:.1f}s  (compile cache hits {int(warm.persistent_cache_hits.sum())}, "
         f"references cached {int(warm.reference_cached.sum())})"
     )
     for name, df in (("cold", cold), ("warm", warm)):

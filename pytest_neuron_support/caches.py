@@ -81,7 +81,9 @@ class ReferenceCache:
 def clean_compile_cache(directory: Path, now: float | None = None) -> list[Path]:
     """Remove what a compile that died leaves in torch-neuronx's on-disk NEFF cache.
 
-    The cache (``TORCH_NEURONX_NEFF_CACHE_DIR``) holds ``<dir>/ab/cd/<key>.neff``, each written
+    ``directory`` is ``--neff-cache``: on neuron the base of one cache per compiler version
+    (``neffcache.local_cache_dir``), all of them cleaned here, as the walk goes through every folder.
+    Each cache (``TORCH_NEURONX_NEFF_CACHE_DIR``) holds ``<dir>/ab/cd/<key>.neff``, each written
     through a ``.tmp.XXXXXX`` file renamed into place (torch-neuronx ``PersistentCacheBackend``):
     a writer killed mid-write leaves its ``.tmp.*`` file behind, and a ``.neff`` left empty is no
     entry at all. Those two are removed; a ``.tmp.*`` touched within :data:`STALE_LOCK_S` may be a

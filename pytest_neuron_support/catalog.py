@@ -7,6 +7,7 @@ without reading this code.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -341,9 +342,8 @@ def _parse_entry(node: yaml.Node, shown: str) -> ModelSpec:
     timeout = raw.get("timeout", (None, line))[0]
     if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0):
         raise err("timeout", "must be a positive number of seconds", timeout, "write e.g. 'timeout: 1800', or drop it")
-    cores = raw.get("cores", (None, line))[0]
-    if cores is not None and (isinstance(cores, bool) or cores not in CORE_COUNTS):
-        raise err("cores", "not an allowed core count", cores, f"use one of {', '.join(map(str, CORE_COUNTS))}")
+    cores_value, cores_line = raw.get("cores", (None, line))
+    cores = check_cores(cores_value, shown, line=cores_line, entry=entry)
     trust = raw.get("trust_remote_code", (False, line))[0]
     if not isinstance(trust, bool):
         raise err("trust_remote_code", "must be true or false", trust, "write true or false")
@@ -458,10 +458,34 @@ def _parse_exclude(raw: Mapping[str, tuple[Any, int]], err: Any) -> Exclusion | 
     return Exclusion(reason=reason, note=note)
 
 
+def check_cores(
+    value: object, source: str, *, line: int | None = None, entry: str | None = None, field: str | None = "cores"
+) -> int | None:
+    """The core count a catalog entry's ``cores:`` or a marker (``neuron_cores(n)``, ``neuron_model(cores=n)``)
+    sets, None when it sets none: one rule wherever the count comes from, so a count the catalog refuses
+    is never a marker's SKIP. :class:`CatalogError` names ``source`` (file and line, or the marker) and the
+    allowed counts."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value not in CORE_COUNTS:
+        raise CatalogError(
+            source,
+            "not an allowed core count",
+            line=line,
+            entry=entry,
+            field=field,
+            value=value,
+            fix=f"use one of {', '.join(map(str, CORE_COUNTS))}",
+        )
+    return value
+
+
 def cli_model(arg: str) -> ModelSpec:
     """A ``--model`` argument: a Hub id, or an existing local directory written as a path."""
     if arg.startswith((".", "/", "~")):
-        directory = Path(arg).expanduser().resolve()
+        # Absolute but not resolved: a symlink keeps the name the user gave it, which is the item's id
+        # (``-k link`` selects ``--model=./link``); loading follows the link all the same.
+        directory = Path(os.path.abspath(Path(arg).expanduser()))
         if not directory.is_dir():
             raise CatalogError(
                 "--model",

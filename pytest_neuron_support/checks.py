@@ -223,6 +223,14 @@ def fluency_precheck(
     inside = [t for t in body if t in special]
     if inside:
         return f"{len(inside)} of {len(tokens)} generated tokens are special tokens (first: id {inside[0]})"
+    return text_precheck(text)  # the text is not empty here: what is left is whether it prints
+
+
+def text_precheck(text: str) -> str | None:
+    """:func:`fluency_precheck`'s checks that need no tokens, for a text given to the judge as text
+    (``neuron_judge("...")``): nothing to read, or mostly characters that do not print."""
+    if not text.strip():
+        return "empty output"
     printable = sum(1 for ch in text if ch.isprintable() or ch in "\n\t")
     if printable / len(text) < MIN_PRINTABLE:
         return f"mostly non-printable ({printable} of {len(text)} characters print)"

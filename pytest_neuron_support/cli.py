@@ -9,6 +9,7 @@ import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 
 def _default_hub_cache() -> Path:
@@ -40,16 +41,21 @@ def _zoo_build(args: argparse.Namespace) -> int:
 
 
 def _show(args: argparse.Namespace) -> int:
-    from .dataset import read_dataset
+    from .dataset import named_test, read_dataset
 
     rows = [r for r in read_dataset(Path(args.results_dir)) if r.model_id == args.model]
     if not rows:
-        print(f"no rows for {args.model} under {args.results_dir}/data", file=sys.stderr)
-        return 1
-    for row in sorted(rows, key=lambda r: (r.neuronx_cc, r.library_version, r.device, r.check)):
-        stage = f" at {row.failure_stage}" if row.failure_stage else ""
         print(
-            f"{row.model_id}  neuronx-cc {row.neuronx_cc}  {row.library} {row.library_version}  {row.device}  "
+            f"neuron-support show: no rows for {args.model} under {Path(args.results_dir) / 'data'}; "
+            "pass the --results-dir of a sweep (default results)",
+            file=sys.stderr,
+        )
+        return 1
+    for row in sorted(rows, key=lambda r: (r.neuronx_cc, r.library_version, r.device, r.check, r.test)):
+        stage = f" at {row.failure_stage}" if row.failure_stage else ""
+        # The test names the row: a catalog item and a user's test of one model are two rows.
+        print(
+            f"{named_test(row)}  neuronx-cc {row.neuronx_cc}  {row.library} {row.library_version}  {row.device}  "
             f"{row.check}: "
             f"{row.result}{stage}  cores={row.neuron_cores}  run_s={row.run_s}  compile_s={row.compile_s}"
         )
@@ -86,8 +92,10 @@ def _diff(args: argparse.Namespace) -> int:
         counts[change.kind] = counts.get(change.kind, 0) + 1
         if change.kind != "unchanged" or args.verbose:
             check = "" if change.check == "inference" else f" ({change.check})"
+            # A user's test of a model is a row of its own: named, or it reads as the catalog's.
+            test = f" (test {change.test})" if change.test else ""
             results = f"{change.old or '-'} -> {change.new or '-'}"
-            print(f"{change.kind:<10} {change.model_id}{check} [{change.device}]: {results}")
+            print(f"{change.kind:<10} {change.model_id}{check}{test} [{change.device}]: {results}")
     moved = diff_signatures(old_rows, new_rows)
     for sig in moved:
         if sig.kind == "persisting" and not args.verbose:
@@ -99,7 +107,7 @@ def _diff(args: argparse.Namespace) -> int:
         print(f"{sig.kind:<11} {count}: {sig.signature}")
         print(f"            {', '.join(sig.new_models if sig.kind != 'disappeared' else sig.old_models)}")
     if moved:
-        print(blocking_summary(moved))
+        print(blocking_summary(moved, {r.model_id for r in new_rows}))
     # The per-model counts stay the last line: scripts read it.
     print(", ".join(f"{n} {kind}" for kind, n in sorted(counts.items())) or "no rows")
     return 1 if counts.get("regressed") else 0
@@ -114,6 +122,8 @@ def _failures(args: argparse.Namespace) -> int:
     from .dataset import DATA_DIR, read_rows
     from .signatures import blockers, head
 
+    if _positional_results_dir(args, "failures"):
+        return 2
     data = Path(args.results_dir) / DATA_DIR
     files = {path.stem: path for path in sorted(data.glob("*.parquet"))}
     if not files:
@@ -165,7 +175,7 @@ def _catalog_extra_packages(models_file: str | None, model: str) -> tuple[str, .
 
 
 def _runscript(args: argparse.Namespace) -> int:
-    from .dataset import read_dataset, stack_stem
+    from .dataset import named_test, read_dataset, stack_stem
     from .viewer import reproduction
 
     results = Path(args.results_dir)
@@ -189,15 +199,28 @@ def _runscript(args: argparse.Namespace) -> int:
     if args.device is not None:
         candidates = [r for r in candidates if r.device == args.device]
     candidates = [r for r in candidates if r.check == args.check]
+    if args.test is not None:
+        candidates = [r for r in candidates if _names_test(r, args.test)]
     if not candidates:
         # A training row says so; an inference row is the default and reads as before.
         where = ", ".join(
             sorted({f"{stack_stem(r)} ({r.device}{'' if r.check == 'inference' else ', ' + r.check})" for r in mine})
         )
+        known = ", ".join(sorted({named_test(r) for r in mine}))
         print(
             f"neuron-support runscript: {args.model} has no row for stack {args.stack or 'any'}"
             f"{' on ' + args.device if args.device else ''}"
-            f"{'' if args.check == 'inference' else ' of check ' + args.check}; it has rows on: {where}",
+            f"{'' if args.check == 'inference' else ' of check ' + args.check}"
+            f"{'' if args.test is None else ' of test ' + args.test}; it has rows on: {where}; of tests: {known}",
+            file=sys.stderr,
+        )
+        return 2
+    tests = sorted({named_test(r) for r in candidates})
+    if len(tests) > 1:
+        # A catalog item and a user's test of one model ran different scripts: which one is the user's call.
+        listing = "".join(f"\n  --test {shlex.quote(name)}" for name in tests)
+        print(
+            f"neuron-support runscript: {args.model} has rows of {len(tests)} tests; choose one with --test:{listing}",
             file=sys.stderr,
         )
         return 2
@@ -217,6 +240,117 @@ def _runscript(args: argparse.Namespace) -> int:
     print(f"# ---- {again.script} ----")
     sys.stdout.write(again.runscript if again.runscript.endswith("\n") else again.runscript + "\n")
     return 0
+
+
+def _names_test(row: Any, test: str) -> bool:
+    """``--test`` names this row's test: a user's test by its node id, a catalog item by its item name
+    (``test_model[<id>]``) or by a node id ending in it (``models.yaml::test_model[<id>]``)."""
+    from .dataset import named_test
+
+    name = named_test(row)
+    return test == name or (not row.test and test.endswith(f"::{name}"))
+
+
+def _positional_results_dir(args: argparse.Namespace, command: str) -> bool:
+    """The results folder given as a positional (as ``failures`` and ``status`` once took it): said,
+    with the flag every subcommand takes, rather than silently read or rejected by argparse alone."""
+    given = getattr(args, "positional_results_dir", None)
+    if given is None:
+        return False
+    print(
+        f"neuron-support {command}: name the results folder with --results-dir {shlex.quote(given)} "
+        "(every subcommand takes --results-dir; it is not a positional argument)",
+        file=sys.stderr,
+    )
+    return True
+
+
+def _count(n: int) -> str:
+    """A parameter count the way model cards write it (0.6B, 135M, 46K)."""
+    for scale, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= scale:
+            return f"{n / scale:.1f}{unit}"
+    return str(n)
+
+
+def _plan(args: argparse.Namespace) -> int:
+    """Which trn2 sizes hold each model, on how many cores and why, and why not where it does not fit:
+    the planner's own rules (:func:`.planning.instance_plan`) on what the cache or the Hub API says of
+    the model, without downloading a weight."""
+    from . import hub
+    from .catalog import ModelSpec
+    from .planning import (
+        CORE_CHOICES,
+        DTYPE_BYTES,
+        TRN2_INSTANCES,
+        PlanningError,
+        describe_plan,
+        inspect_model,
+        instance_plan,
+        size_text,
+    )
+
+    if args.max_cores not in CORE_CHOICES:
+        choices = ", ".join(map(str, CORE_CHOICES))
+        print(
+            f"neuron-support plan: --max-cores={args.max_cores} is not a core count; pass one of {choices}",
+            file=sys.stderr,
+        )
+        return 2
+    if not 0 <= args.memory_headroom < 1:
+        print(
+            f"neuron-support plan: --memory-headroom={args.memory_headroom} must be at least 0 and below 1 "
+            "(the share of each core kept free; default 0.25)",
+            file=sys.stderr,
+        )
+        return 2
+    down = None if args.local_only else hub.unreachable()
+    local_only = args.local_only or down is not None
+    if down is not None:
+        print(f"the Hub is not asked ({down}): planning from the local Hugging Face cache only")
+    failed = 0
+    for name in args.models:
+        # A folder that exists is a local checkpoint, as `pytest --model ./dir` reads it.
+        local = Path(name).is_dir()
+        model = ModelSpec(
+            id=str(Path(name).resolve()) if local else name,
+            revision=args.revision,
+            dtype=args.dtype,
+            source="local" if local else "cli",
+        )
+        try:
+            shape = inspect_model(model, local_only=local_only)
+        except PlanningError as exc:
+            failed += 1
+            print(f"neuron-support plan: {exc}", file=sys.stderr)
+            continue
+        weights = shape.parameters * DTYPE_BYTES[args.dtype]
+        layout = f"{shape.num_attention_heads} heads, {shape.num_key_value_heads} kv heads"
+        if shape.num_experts:
+            layout += f", {shape.num_experts} experts"
+        layout += ", a TP plan in transformers" if shape.has_tp_plan else ", no TP plan in transformers"
+        revision = "" if local else f" (revision {args.revision})"
+        print(
+            f"{model.id}{revision}: {_count(shape.parameters)} weights ({shape.weights_source}), "
+            f"{size_text(weights)} in {args.dtype}; {shape.model_type}: {layout}"
+        )
+        fits = []
+        for instance in TRN2_INSTANCES:
+            plan = instance_plan(
+                shape,
+                instance,
+                dtype=args.dtype,
+                headroom=args.memory_headroom,
+                max_cores=args.max_cores,
+                training=args.check == "train",
+            )
+            if plan.skip is None:
+                fits.append(instance.name)
+            size = f"{instance.chips} chip{'s' if instance.chips > 1 else ''}, {instance.cores} cores"
+            print(f"  {instance.name} ({size}): {describe_plan(plan)}")
+        names = [i.name for i in TRN2_INSTANCES]
+        print(f"  fits: {', '.join(fits)}" if fits else f"  fits none of {', '.join(names)}")
+    return 1 if failed else 0
 
 
 def _report(args: argparse.Namespace) -> int:
@@ -255,6 +389,8 @@ def _status(args: argparse.Namespace) -> int:
     from .cores import CorePool, alive
     from .progress import duration, read_status, status_lines
 
+    if _positional_results_dir(args, "status"):
+        return 2
     results = Path(args.results_dir)
     state = read_status(results)
     if state is None:
@@ -319,10 +455,7 @@ def _neff_pull(args: argparse.Namespace) -> int:
     except neffcache.NeffCacheError as exc:
         print(f"neuron-support neff pull: {exc}", file=sys.stderr)
         return 1
-    print(
-        f"pulled {report.copied} entries from {report.prefix} into {cache} "
-        f"(it held {report.before}, now {report.after})"
-    )
+    print(report.describe())  # the compiler's own folder, and any file in a layout torch-neuronx never reads
     return 0
 
 
@@ -350,6 +483,15 @@ def _neff_push(args: argparse.Namespace) -> int:
     return 0
 
 
+def _results_dir_option(parser: argparse.ArgumentParser, help: str, positional: bool = False) -> None:
+    """``--results-dir``, the pytest option's name: the one way every subcommand names a results folder.
+    ``positional`` also catches the folder given bare (``failures`` and ``status`` took it so), to say
+    which flag to use (:func:`_positional_results_dir`)."""
+    parser.add_argument("--results-dir", default="results", help=help)
+    if positional:
+        parser.add_argument("positional_results_dir", nargs="?", default=None, help=argparse.SUPPRESS)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from . import neffcache  # stdlib only, like devices: cheap enough for --help
     from .catalog import CHECKS
@@ -367,7 +509,7 @@ def build_parser() -> argparse.ArgumentParser:
     build.set_defaults(func=_zoo_build)
     show = sub.add_parser("show", help="a model's rows across stacks")
     show.add_argument("model", help="Hub id")
-    show.add_argument("--results-dir", default="results", help="dataset folder (default results)")
+    _results_dir_option(show, "dataset folder (default results)")
     show.set_defaults(func=_show)
     merge = sub.add_parser("merge", help="combine shards' results folders into one dataset")
     merge.add_argument("parts", nargs="+", help="results folders written by shards (--results-dir of each)")
@@ -387,13 +529,7 @@ def build_parser() -> argparse.ArgumentParser:
     failures = sub.add_parser(
         "failures", help="failure signatures of one stack, by the number of models each blocks, with an example"
     )
-    failures.add_argument(
-        "results_dir",
-        nargs="?",
-        default="results",
-        metavar="RESULTS",
-        help="dataset folder (default results)",
-    )
+    _results_dir_option(failures, "dataset folder (default results)", positional=True)
     failures.add_argument(
         "--stack", help="stack file stem, e.g. neuronxcc-2.21.0__transformers-5.24.0 (default: the newest)"
     )
@@ -412,23 +548,38 @@ def build_parser() -> argparse.ArgumentParser:
         default="inference",
         help="which check's script: inference (run.py, the default) or train (train.py)",
     )
-    runscript.add_argument("--results-dir", default="results", help="dataset folder (default results)")
+    runscript.add_argument(
+        "--test",
+        metavar="TEST",
+        help="the test whose row to use, when a model has rows of several (a catalog item's test_model[<id>], "
+        "or a user's test's node id); without it, several are listed and nothing is picked",
+    )
+    _results_dir_option(runscript, "dataset folder (default results)")
     runscript.add_argument(
         "--models-file", help="catalog whose extra_packages to include (default models.yaml when present)"
     )
     runscript.add_argument("--script-only", action="store_true", help="print only run.py (e.g. > run.py)")
     runscript.set_defaults(func=_runscript)
     status = sub.add_parser("status", help="a running sweep's progress and the host's core leases, from another shell")
-    status.add_argument(
-        "results_dir",
-        nargs="?",
-        default="results",
-        metavar="RESULTS_DIR",
-        help="the sweep's --results-dir (default results)",
-    )
+    _results_dir_option(status, "the sweep's --results-dir (default results)", positional=True)
     status.set_defaults(func=_status)
+    plan = sub.add_parser(
+        "plan",
+        help="which trn2 sizes hold a model, on how many cores (tp/ep, memory per core) and why; from the "
+        "cache or the Hub API, without downloading weights",
+    )
+    plan.add_argument("models", nargs="+", metavar="MODEL", help="Hub id (org/name) or local checkpoint folder")
+    plan.add_argument("--revision", default="main", help="Hub revision (default main)")
+    plan.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16", help="run dtype")
+    plan.add_argument(
+        "--check", choices=CHECKS, default="inference", help="plan the inference run (default) or the training check"
+    )
+    plan.add_argument("--memory-headroom", type=float, default=0.25, help="share of each core kept free (default 0.25)")
+    plan.add_argument("--max-cores", type=int, default=16, help="most cores the harness gives a model (default 16)")
+    plan.add_argument("--local-only", action="store_true", help="ask the Hub nothing: the local cache only")
+    plan.set_defaults(func=_plan)
     report = sub.add_parser("report", help="write the self-contained viewer (index.html) for a dataset")
-    report.add_argument("--results-dir", default="results", help="dataset folder (default results)")
+    _results_dir_option(report, "dataset folder (default results)")
     report.add_argument("--models-file", help="catalog for the Selected view (default models.yaml when present)")
     report.add_argument("--out", default="site", help="folder to write index.html into (default site)")
     hub_source = report.add_mutually_exclusive_group()
@@ -451,7 +602,10 @@ def build_parser() -> argparse.ArgumentParser:
         command.add_argument(
             "--cache",
             default=os.environ.get(cache_env) or neffcache.DEFAULT_CACHE_DIR,
-            help=f"local NEFF cache (default ${cache_env}, else {neffcache.DEFAULT_CACHE_DIR})",
+            help=(
+                f"base of the per-compiler NEFF caches (default ${cache_env}, else {neffcache.DEFAULT_CACHE_DIR});"
+                " the compiler's own folder is <base>/neuronxcc-<version>, the one run.py uses"
+            ),
         )
         command.add_argument(
             "--version", help="neuronx-cc version with its local label (default: neuronxcc.__version__ here)"

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from . import hub
+from . import hub, neffcache
 from .caches import clean_compile_cache
 from .catalog import Catalog, CatalogError, ModelSpec, checks_of, load_catalog, merge_models
 from .checks import DEFAULT_JUDGE
@@ -29,6 +29,7 @@ from .dataset import (
 )
 from .devices import DEVICES, DeviceNotFound, compiler_version, fallback_core_bytes, find_device
 from .execution import end_with_parent
+from .nodeids import item_name, model_id_of
 from .options import Options, options_key, parse_options
 from .pipeline import plan_checks
 from .planning import Plan, cpu_threads, usable_cpus
@@ -37,7 +38,6 @@ from .records import current_stack
 from .reporting import ResultsWriter, writer_key
 from .rows import gate
 from .settings import Settings, read_self_check
-from .suite import item_name, model_id_of
 
 #: The plugin name of the progress lines (controller only).
 PROGRESS_PLUGIN = "neuron-support-progress"
@@ -199,7 +199,7 @@ def settings_for(options: Options, resolved: Resolved) -> Settings:
         judge_revision=options.judge_revision,
         parity=options.parity,
         reference_cache=options.reference_cache,
-        compile_cache=options.neff_cache,
+        compile_cache=neffcache.session_cache_base(kind, options.neff_cache, os.environ),
         host_memory_limit=None if options.host_memory_gib is None else int(options.host_memory_gib * (1 << 30)),
         cpu_check_memory=None
         if options.cpu_check_memory_gib is None
@@ -369,9 +369,9 @@ def plan_models(config: pytest.Config, models: Iterable[ModelSpec]) -> dict[str,
     selected = config.stash[options_key].checks
     for model in models:
         checks = checks_of(model, selected)
-        found, unreachable = plan_checks(model, settings, checks, local_only=local_only)
+        found, unreachable = plan_checks(model, settings, checks, local_only=local_only, hub_down=down)
         for check, plan in found.items():
-            if plan.error is not None and down is not None:
+            if plan.error is not None and down is not None and down not in plan.error:
                 # Its row says why the Hub was not asked, not only what the local cache lacked.
                 plan = dataclasses.replace(plan, error=f"{plan.error}; the Hub was not asked: {down}")
             plans[item_name(model.id, check)] = plan

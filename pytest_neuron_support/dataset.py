@@ -36,6 +36,7 @@ from .checks import (
     TRAIN_SEED,
     TRAIN_STEPS,
 )
+from .nodeids import item_name
 from .records import COLUMN_DOCS, COLUMN_TYPES, RESULTS, STAGES, VERDICT_BASES, Row, arrow_schema
 from .signatures import BUCKETS, MAX_MESSAGE, RULES, blockers
 from .storage import write_atomic
@@ -49,6 +50,12 @@ def row_key(row: Row) -> tuple[str, str, str, str]:
     # A user's test of a model is a row of its own: it neither replaces nor is replaced by the catalog's;
     # so is each check of a model (its inference and its training row).
     return (row.model_id, row.device, row.test, row.check)
+
+
+def named_test(row: Row) -> str:
+    """The test that made a row, as the CLI names it: a user's test by its node id, a catalog item by
+    its item name (``test_model[<id>]``, ``test_training[<id>]``): what tells apart two rows of one model."""
+    return row.test or item_name(row.model_id, row.check)
 
 
 def stack_stem(row: Row) -> str:
@@ -181,6 +188,7 @@ class Change:
         kind: ``regressed`` (was PASS, now not), ``fixed`` (now PASS, was not), ``new`` (only in
             the new dataset), ``missing`` (only in the old), or ``unchanged``.
         old / new: the results compared (None where absent).
+        test: the user's test that made the rows (node id), empty for a catalog item's.
     """
 
     model_id: str
@@ -189,6 +197,7 @@ class Change:
     old: str | None
     new: str | None
     check: str = "inference"
+    test: str = ""
 
 
 def _latest(rows: Iterable[Row]) -> dict[tuple[str, str, str, str], Row]:
@@ -215,7 +224,7 @@ def diff_datasets(old_rows: Iterable[Row], new_rows: Iterable[Row]) -> list[Chan
             kind = "fixed"
         else:
             kind = "unchanged"
-        changes.append(Change(key[0], key[1], kind, before, after, key[3]))
+        changes.append(Change(key[0], key[1], kind, before, after, key[3], key[2]))
     return changes
 
 
@@ -250,11 +259,12 @@ def diff_signatures(old_rows: Iterable[Row], new_rows: Iterable[Row]) -> list[Si
     return sorted(changes, key=lambda c: (order[c.kind], -max(len(c.old_models), len(c.new_models)), c.signature))
 
 
-def blocking_summary(changes: Iterable[SignatureChange]) -> str:
+def blocking_summary(changes: Iterable[SignatureChange], new_models: Iterable[str]) -> str:
     """One line for ``neuron-support diff``: how many signatures appeared and disappeared, and what
     that did to the models: newly blocked (blocked now by an appeared signature, by none before),
-    unblocked (blocked before by a disappeared signature, by none now) and those a disappeared
-    signature left that another one blocks now."""
+    unblocked (blocked before by a disappeared signature, by none now, and still in the new dataset:
+    ``new_models``, every model it has rows of), missing (such a model the new dataset has no row of:
+    nothing says it runs now) and those a disappeared signature left that another one blocks now."""
     changes = list(changes)
     blocked_old = {m for c in changes for m in c.old_models}
     blocked_new = {m for c in changes for m in c.new_models}
@@ -263,10 +273,13 @@ def blocking_summary(changes: Iterable[SignatureChange]) -> str:
     newly = {m for c in appeared for m in c.new_models} - blocked_old
     left = {m for c in gone for m in c.old_models}
     moved = left & blocked_new
+    missing = left - moved - set(new_models)
     line = (
         f"signatures: {len(appeared)} appeared, {len(gone)} disappeared; "
-        f"{len(newly)} model(s) newly blocked, {len(left - moved)} model(s) unblocked"
+        f"{len(newly)} model(s) newly blocked, {len(left - moved - missing)} model(s) unblocked"
     )
+    if missing:
+        line += f", {len(missing)} missing from the new dataset"
     return line + (f", {len(moved)} blocked by another signature now" if moved else "")
 
 

@@ -44,14 +44,28 @@ class DeviceKind:
             compile path every neuron run takes is exercised here too.
         memory_module: attribute of ``torch`` holding the allocator statistics
             (``torch.neuron`` / ``torch.cuda``), or None where there is no device memory.
-        env: variables run.py sets before importing torch. On neuron, disabling fallback
-            execution makes a graph that fails to compile raise instead of silently
-            running eagerly, which would be a false PASS.
+        env: variables run.py sets before importing torch. On neuron,
+            ``TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION=1`` stops torch-neuronx from rerunning a
+            compiled graph eagerly after it failed to *execute* (``backend.py``), which would be a
+            false PASS; a graph that fails to *compile* raises with or without it (neuronx-cc runs
+            asynchronously, so its errors surface at execution or ``synchronize()``).
         count_expr: Python expression (after ``import torch``) giving how many cores or
-            devices the machine has; evaluated only inside :func:`probe`'s subprocess.
+            devices the machine has; evaluated only inside :func:`probe`'s subprocess. It must
+            not initialise the runtime (neuron: ``device_count()`` reads
+            ``nrt_get_visible_vnc_count``, no ``nrt_init``).
         memory_expr: expression giving one core's memory in bytes (same rules), or None
             where a core has no memory of its own (cpu plans as if on a trn2 core).
+        memory_needs_pinning: evaluating ``memory_expr`` initialises the device runtime over every
+            core the process can see (neuron: ``get_device_properties`` -> ``_lazy_init`` ->
+            ``nrt_init``, which reserves them until the process exits). :func:`probe` then never
+            evaluates it; only ``neuron-support doctor`` check 5 does, in a process pinned to one
+            core it holds. False where reading it reserves nothing (cuda).
         compile_cache_env: variable naming the compile cache directory (``--neff-cache``).
+        compile_cache_per_compiler: the compile cache's keys hold no compiler version (neuron:
+            ``KernelExecution.cpp`` keys on the stablehlo hash, target, LNC, opt level and args), so a
+            run gets one directory per compiler version under ``--neff-cache``
+            (``neffcache.run_cache_dir``); False where the keys already change with the compiler
+            (inductor's hold the torch version and its code).
         cache_stats_expr: expression run.py evaluates (after ``import torch``) for the persistent
             compile cache's counters, a mapping with ``persistent_hits`` / ``persistent_misses``
             (torch-neuronx's ``_C._get_compilation_cache_stats()``, counted only with
@@ -81,6 +95,12 @@ class DeviceKind:
             import it), or None where torch itself drives the device (cuda, cpu). ``neuron-support
             doctor`` checks that it imports, is autoloaded by ``import torch``, and stays out of a
             process started with :data:`NO_DEVICE_ENV`.
+        root_comm_env: variable naming the device runtime's own root-communication address of a
+            sharded run (neuron: ``NEURON_RT_ROOT_COMM_ID``, ``host:port``), or None where the runtime
+            has none (cpu, cuda: the process group's store is all). Unset, torch-neuronx's backend has
+            rank 0 pick a port free now that the runtime binds later (``get_free_port``), so two
+            concurrent sharded runs can take the same one; run.py sets it from the lease instead
+            (templates/common.py ``root_comm_port``), rank 0 checks and publishes it.
         train_use_cpu: train.py passes ``TrainingArguments(use_cpu=...)``: True on cpu, where Accelerate
             would otherwise refuse ``bf16=True`` without a bf16 GPU (and would pick a GPU if one is
             present); False where the Trainer finds the device itself (neuron: transformers' own
@@ -98,7 +118,9 @@ class DeviceKind:
     env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     count_expr: str = "0"
     memory_expr: str | None = None
+    memory_needs_pinning: bool = False
     compile_cache_env: str = "TORCHINDUCTOR_CACHE_DIR"
+    compile_cache_per_compiler: bool = False
     cache_stats_expr: str | None = None
     fallback_ops_expr: str | None = None
     visible_env_vars: tuple[str, ...] = ()
@@ -107,6 +129,7 @@ class DeviceKind:
     max_pool: int | None = None
     compiler_version_expr: str | None = None
     runtime_module: str | None = None
+    root_comm_env: str | None = None
     host_counted: bool = False
     train_use_cpu: bool = False
 
@@ -135,6 +158,7 @@ class DeviceKind:
             "compiler_version_expr": self.compiler_version_expr,
             "env": dict(self.env),
             "train_use_cpu": self.train_use_cpu,
+            "root_comm_env": self.root_comm_env,
         }
 
 
@@ -149,8 +173,9 @@ DEVICES: Mapping[str, DeviceKind] = MappingProxyType(
             core_env_contiguous=True,
             force_compile=False,
             memory_module="neuron",
-            # Fallback disabled: a graph that fails to compile raises instead of running eagerly (a
-            # false PASS); metrics enabled: the persistent compile cache counts its hits only then.
+            # Fallback disabled: a compiled graph that fails to execute is not rerun eagerly (a false
+            # PASS; compile errors raise either way); metrics enabled: the persistent compile cache
+            # counts anything only then.
             env=MappingProxyType(
                 {"TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION": "1", "TORCH_NEURONX_METRICS_ENABLED": "1"}
             ),
@@ -158,7 +183,9 @@ DEVICES: Mapping[str, DeviceKind] = MappingProxyType(
                 "torch.neuron.device_count() if hasattr(torch, 'neuron') and torch.neuron.is_available() else 0"
             ),
             memory_expr="torch.neuron.get_device_properties(0).total_memory",
+            memory_needs_pinning=True,
             compile_cache_env="TORCH_NEURONX_NEFF_CACHE_DIR",
+            compile_cache_per_compiler=True,
             compiler_version_expr="__import__('neuronxcc').__version__",
             cache_stats_expr="__import__('torch_neuronx')._C._get_compilation_cache_stats()",
             fallback_ops_expr="__import__('torch_neuronx').get_fallback_ops()",
@@ -167,6 +194,7 @@ DEVICES: Mapping[str, DeviceKind] = MappingProxyType(
             physical_core_bytes=12 << 30,
             owners_command=("neuron-ls", "-j"),
             runtime_module="torch_neuronx",
+            root_comm_env="NEURON_RT_ROOT_COMM_ID",
         ),
         "cuda": DeviceKind(
             name="cuda",
@@ -240,23 +268,39 @@ print(json.dumps(out))
 """
 
 
-def probe(names: tuple[str, ...] = AUTO_ORDER, python: str = sys.executable, timeout: float = 300) -> ProbeResult:
-    """Count cores per device kind in a subprocess that exits straight away.
+def probe_expressions(names: tuple[str, ...] = AUTO_ORDER) -> dict[str, tuple[str, str | None]]:
+    """What :func:`probe`'s unpinned subprocess evaluates per kind: the count, and the memory only where
+    reading it initialises no runtime (``memory_needs_pinning`` False). The session probe runs before
+    the session holds any core, so a neuron memory read there would reserve every core of the host."""
+    return {
+        name: (DEVICES[name].count_expr, None if DEVICES[name].memory_needs_pinning else DEVICES[name].memory_expr)
+        for name in names
+    }
 
-    Running this in the pytest process would initialise the runtime there: on neuron a
-    process that pins nothing reserves every core until it exits.
-    """
-    exprs = {name: (DEVICES[name].count_expr, DEVICES[name].memory_expr) for name in names}
+
+def _probe_run(exprs: Mapping[str, tuple[str, str | None]], python: str, timeout: float, env: Mapping[str, str]) -> Any:
     proc = subprocess.run(
         [python, "-c", _PROBE_SCRIPT, json.dumps(exprs)],
         capture_output=True,
         text=True,
         timeout=timeout,
         check=False,
+        env=dict(env),
     )
     if proc.returncode != 0:
         raise RuntimeError(f"device probe failed (exit {proc.returncode}): {proc.stderr.strip()[-2000:]}")
-    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def probe(names: tuple[str, ...] = AUTO_ORDER, python: str = sys.executable, timeout: float = 300) -> ProbeResult:
+    """Count cores per device kind in a subprocess that exits straight away.
+
+    Running this in the pytest process would initialise the runtime there: on neuron a
+    process that pins nothing reserves every core until it exits. The subprocess pins nothing
+    either, so it evaluates only what initialises no runtime (:func:`probe_expressions`); a kind
+    whose memory read needs pinning reports no memory here (the doctor's check 5 reads it pinned).
+    """
+    seen = _probe_run(probe_expressions(names), python, timeout, os.environ)
     return ProbeResult(
         counts={str(k): int(v) for k, v in seen["counts"].items()},
         core_memory={str(k): int(v) for k, v in seen["core_memory"].items()},
@@ -277,16 +321,19 @@ def fallback_core_bytes(kind: DeviceKind, environ: Mapping[str, str] | None = No
     """Memory of one core for a device that reports none: LNC physical cores' worth on devices with a
     physical core size (``NEURON_LOGICAL_NC_CONFIG``, default 2), else a trn2 logical core at LNC=2
     (cpu plans as Trainium would)."""
-    import os
-
-    env = os.environ if environ is None else environ
     if kind.physical_core_bytes is None:
         return TRN2_LOGICAL_CORE_BYTES
+    return kind.physical_core_bytes * logical_nc_config(environ)
+
+
+def logical_nc_config(environ: Mapping[str, str] | None = None) -> int:
+    """Physical cores per logical core (``NEURON_LOGICAL_NC_CONFIG``, default 2 on trn2; unreadable: 2)."""
+    env = os.environ if environ is None else environ
     try:
         lnc = int(env.get("NEURON_LOGICAL_NC_CONFIG", LNC_DEFAULT))
     except ValueError:
         lnc = LNC_DEFAULT
-    return kind.physical_core_bytes * max(lnc, 1)
+    return max(lnc, 1)
 
 
 def compiler_version(kind: DeviceKind, python: str = sys.executable, timeout: float = 120) -> str:

@@ -39,8 +39,17 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from .cores import parse_neuron_ls, session_cores
-from .devices import AUTO_ORDER, DEVICES, NO_DEVICE_ENV, DeviceKind, ProbeResult, fallback_core_bytes, probe
+from .cores import parse_cores, parse_neuron_ls, session_cores
+from .devices import (
+    AUTO_ORDER,
+    DEVICES,
+    NO_DEVICE_ENV,
+    DeviceKind,
+    ProbeResult,
+    fallback_core_bytes,
+    logical_nc_config,
+    probe,
+)
 from .runscript import template
 from .storage import write_atomic
 
@@ -221,6 +230,9 @@ def check():
         "memory_allocated": int(memory.memory_allocated()),
         "device": str(x.device),
         "pinned": os.environ.get(ARGS["core_env_var"] or "", None),
+        # Read here, pinned to the core this check holds: on neuron it initialises the runtime, which
+        # the unpinned device check (2) must not do.
+        "core_memory": int(eval(ARGS["memory_expr"], {"torch": torch})) if ARGS.get("memory_expr") else None,
     }
 """
 
@@ -324,8 +336,12 @@ def g(x):
 
 def counts(torch, counters):
     if ARGS["cache_stats_expr"]:
-        stats = eval(ARGS["cache_stats_expr"], {"torch": torch, "__import__": __import__})
-        return {"hits": int(stats["persistent_hits"]), "misses": int(stats["persistent_misses"])}
+        # As run.py's cache_counts(): a wheel without the private stats binding leaves them unknown.
+        try:
+            stats = eval(ARGS["cache_stats_expr"], {"torch": torch, "__import__": __import__})
+            return {"hits": int(stats["persistent_hits"]), "misses": int(stats["persistent_misses"])}
+        except (AttributeError, ImportError, KeyError) as exc:
+            return {"unavailable": f"{type(exc).__name__}: {exc}"[:300]}
     inductor = counters["inductor"]
     return {"hits": int(inductor["fxgraph_cache_hit"]), "misses": int(inductor["fxgraph_cache_miss"])}
 
@@ -360,11 +376,14 @@ def check():
     synchronize(torch)
     float(out.sum().cpu())
     after = counts(torch, counters)
+    written = [name for name in listing(root) if name not in before_files][:2000]
+    if "unavailable" in after:
+        return {"writable": True, "unavailable": after["unavailable"], "written": written}
     return {
         "writable": True,
         "hits": after["hits"] - before["hits"],
         "misses": after["misses"] - before["misses"],
-        "written": [name for name in listing(root) if name not in before_files][:2000],
+        "written": written,
     }
 """
 
@@ -379,7 +398,10 @@ def rank_entry(rank, world, rendezvous, out):
         MASTER_ADDR="127.0.0.1",
     )
     pin = ARGS["core_env_var"]
+    root_comm = None
     if pin and os.environ.get(pin):  # as run.py does: each rank narrows to its own core of the pair
+        if ARGS["root_comm_env"]:  # and the runtime's root-communication port is the lease's own
+            root_comm = (ARGS["root_comm_env"], root_comm_port(int(rank_core(os.environ[pin], 0))))
         os.environ[pin] = rank_core(os.environ[pin], rank)
     result = {"rank": rank, "pinned": os.environ.get(pin or "")}
     try:
@@ -388,7 +410,8 @@ def rank_entry(rank, world, rendezvous, out):
 
         # Before any seeding or device use: on neuron seeding sizes the device generator table from the
         # cores visible at that moment, and the rank's device index is right only after this call.
-        join_process_group(dist, ARGS["backend"], rank, world, rendezvous)
+        join_process_group(dist, ARGS["backend"], rank, world, rendezvous, root_comm=root_comm)
+        result["root_comm"] = os.environ.get(ARGS["root_comm_env"] or "")
         torch.manual_seed(0)
         device = torch.device(ARGS["device"])
         noise = torch.rand(2, device=device)  # device RNG on every rank, after seeding
@@ -427,7 +450,14 @@ def check():
 #: What every check script takes from templates/common.py: run.py's own way of dying with its parent.
 _PRELUDE_PARTS = ("end_with_parent",)
 #: What the process-group check takes from templates/common.py, in this order.
-_LAUNCHER_PARTS = ("rank_core", "RENDEZVOUS_TIMEOUT_S", "join_process_group", "spawn_ranks")
+_LAUNCHER_PARTS = (
+    "rank_core",
+    "RENDEZVOUS_TIMEOUT_S",
+    "ROOT_COMM_BASE",
+    "root_comm_port",
+    "join_process_group",
+    "spawn_ranks",
+)
 
 
 def _common(names: tuple[str, ...]) -> str:
@@ -660,6 +690,7 @@ class _Doctor:
         self.count = 0
         self.slice: tuple[int, ...] = ()
         self.owned: Mapping[int, int] = {}
+        self.owners_listing: object = None
         self.bf16 = False
         self.versions: dict[str, str] = {}
         self.cache_dir = self.environ.get(kind.compile_cache_env) or str(work_dir / "compile-cache")
@@ -778,6 +809,12 @@ class _Doctor:
         memory = seen.core_memory.get(kind.name)
         if kind.memory_expr is None:
             found += f"; no per-core memory ({kind.name} plans as {_gib(fallback_core_bytes(kind))} per core)"
+        elif kind.memory_needs_pinning:
+            # Unpinned, the read would initialise the runtime over every core of the host (memory_needs_pinning).
+            found += (
+                f"; per-core memory not read here (memory_needs_pinning): check 5 reads `{kind.memory_expr}` "
+                f"pinned to a free core; planning uses {_gib(fallback_core_bytes(kind))} (LNC table)"
+            )
         elif memory is None:
             found += f"; `{kind.memory_expr}` unreadable: planning falls back to {_gib(fallback_core_bytes(kind))}"
         else:
@@ -829,6 +866,7 @@ class _Doctor:
         layout = _neuron_ls_layout(data)
         if layout is not None:
             return f"`{shown}`: {layout}; output starts {proc.stdout[:300]!r}", False
+        self.owners_listing = data
         self.owned = {core: pid for core, pid in parse_neuron_ls(data).items() if pid != os.getpid()}
         devices = data if isinstance(data, list) else data["neuron_devices"]
         keys = sorted({k for d in devices if isinstance(d, dict) for k in d})
@@ -840,12 +878,20 @@ class _Doctor:
             found += f"; {len(mine)} of this slice's cores held by others ({_span(mine)}): the checks avoid them"
         return found, True
 
+    def check_core_ids(self) -> tuple[str, bool]:
+        kind = self.kind
+        pinned = next(
+            (f"{v}={self.environ[v]}" for v in kind.visible_env_vars if self.environ.get(v, "").strip()), None
+        )
+        return core_numbering(self.owners_listing, self.count, self.slice, pinned, logical_nc_config(self.environ))
+
     def check_memory(self) -> tuple[str, bool]:
         cores = self.free_cores(1)
         if cores is None:
             return "no free core in this session's slice", False
         module = self.kind.memory_module
-        outcome = self.run("memory", _MEMORY_SCRIPT, self.script_args(), self.device_env(cores))
+        args = self.script_args(memory_expr=self.kind.memory_expr)
+        outcome = self.run("memory", _MEMORY_SCRIPT, args, self.device_env(cores))
         if outcome.error is not None:
             return f"{self.cores_text(cores)}: {outcome.error}", False
         peak, size = int(outcome.get("max_memory_allocated", 0)), int(outcome.get("tensor_bytes", 0))
@@ -853,6 +899,13 @@ class _Doctor:
             f"{self.cores_text(cores)}: torch.{module}.max_memory_allocated() = {peak} B, memory_allocated() = "
             f"{outcome.get('memory_allocated')} B for a {size} B tensor on {outcome.get('device')}"
         )
+        core_memory = outcome.get("core_memory")
+        if core_memory is not None:
+            # Shown, not judged (as check 2 did before): which of the two is right is for a human to read.
+            found += (
+                f"; `{self.kind.memory_expr}` = {_gib(int(core_memory))} per core pinned "
+                f"(table fallback {_gib(fallback_core_bytes(self.kind))})"
+            )
         return found, peak >= size > 0
 
     def check_bf16(self) -> tuple[str, bool]:
@@ -971,10 +1024,20 @@ class _Doctor:
         where = f"{kind.compile_cache_env}={self.cache_dir}"
         if outcome.error is not None:
             return f"{where}: {outcome.error}", False
-        hits, misses, written = int(outcome.get("hits", 0)), int(outcome.get("misses", 0)), outcome.get("written", [])
+        written = outcome.get("written", [])
         shown = ", ".join(written[:2]) + (f" (+{len(written) - 2} more)" if len(written) > 2 else "")
-        found = f"{where}: writable; one compile counted {hits} hit(s), {misses} miss(es); wrote {len(written)} file(s)"
-        found += f": {shown}" if written else ""
+        wrote = f"wrote {len(written)} file(s)" + (f": {shown}" if written else "")
+        unavailable = outcome.get("unavailable")
+        if unavailable is not None:
+            # The runs go on without counters (rows record them as unknown), so this alone is no reason to
+            # stop a sweep (a FAIL stops the shard); the row says so in capitals instead.
+            found = (
+                f"{where}: writable; counters UNAVAILABLE on this wheel (`{kind.cache_stats_expr}` raises "
+                f"{unavailable}): rows record persistent_cache_hits/misses as unknown; {wrote}"
+            )
+            return found, True
+        hits, misses = int(outcome.get("hits", 0)), int(outcome.get("misses", 0))
+        found = f"{where}: writable; one compile counted {hits} hit(s), {misses} miss(es); {wrote}"
         return found, hits + misses >= 1
 
     def check_compiler(self) -> tuple[str, bool]:
@@ -1008,7 +1071,7 @@ class _Doctor:
         if cores is None:
             free = [c for c in self.slice if c not in self.owned]
             return f"this session's free cores are {_span(free)}: two adjacent ones are needed", False
-        args = self.script_args(backend=self.kind.dist_backend)
+        args = self.script_args(backend=self.kind.dist_backend, root_comm_env=self.kind.root_comm_env)
         script = _PROCESS_GROUP_SCRIPT.replace("# @@LAUNCHER@@", _common(_LAUNCHER_PARTS))
         outcome = self.run("process-group", script, args, self.device_env(cores))
         if outcome.error is not None:
@@ -1022,7 +1085,8 @@ class _Doctor:
                 passed = False
                 continue
             values = rank.get("sum") or []
-            texts.append(f"rank {rank.get('rank')}{pinned} on {rank.get('device')}: sum {values[:1]}")
+            comm = f", {self.kind.root_comm_env}={rank.get('root_comm')}" if self.kind.root_comm_env else ""
+            texts.append(f"rank {rank.get('rank')}{pinned}{comm} on {rank.get('device')}: sum {values[:1]}")
             passed = passed and values == [3.0] * 4
         if self.kind.core_env_var and len({r.get("pinned") for r in ranks}) != len(ranks):
             texts.append("ranks were NOT pinned to distinct cores")
@@ -1069,9 +1133,15 @@ class _Doctor:
         tokens = list(result.get("tokens") or [])
         graphs = int(result.get("graphs_compiled") or 0)
         same = bool(result.get("repeat_identical"))
+        cache = result.get("compile_cache") or {}
+        counted = (
+            f"persistent cache counters unknown ({cache['unavailable']})"
+            if cache.get("unavailable")
+            else f"persistent cache {cache.get('hits')} hit(s), {cache.get('misses')} miss(es)"
+        )
         found = (
             f"{where}: {len(tokens)} token(s) {tokens}, {graphs} graph(s) compiled, "
-            f"repeat {'identical' if same else 'DIFFERENT'}, {float(result.get('wall_s') or 0):.1f} s"
+            f"repeat {'identical' if same else 'DIFFERENT'}, {counted}, {float(result.get('wall_s') or 0):.1f} s"
         )
         return found, len(tokens) == GENERATION_TOKENS and graphs >= 1 and same
 
@@ -1085,6 +1155,51 @@ def _device_cores(device: Mapping[str, Any], index: int) -> list[int]:
     ids = device.get("neuroncore_ids")
     first = int(device.get("neuron_device", index)) * count
     return [int(i) for i in ids] if isinstance(ids, list) else list(range(first, first + count))
+
+
+def core_numbering(listing: object, count: int, pool: Sequence[int], pinned: str | None, lnc: int) -> tuple[str, bool]:
+    """Whether ``neuron-ls -j``'s core ids (``listing``, the layout check 4 accepted) number cores as the
+    pinning does: ``count`` is ``device_count()`` in the doctor's environment (logical cores, LNC
+    ``lnc``), ``pool`` this session's slice in host numbering, ``pinned`` the variable that restricted the
+    doctor's own view (``NEURON_RT_VISIBLE_CORES=8-15``) or None. The ledger marks the cores
+    ``parse_neuron_ls`` reads as owned and pins children to pool numbers: if neuron-ls counted physical
+    cores (8 a trn2 chip) where the runtime counts logical ones (4 at LNC=2), it would mark and avoid the
+    wrong cores. Returns (found, passed)."""
+    devices = listing["neuron_devices"] if isinstance(listing, dict) else listing
+    if not isinstance(devices, list):
+        return f"no neuron-ls listing to compare (got {type(listing).__name__})", False
+    ids = sorted({c for i, d in enumerate(devices) if isinstance(d, dict) for c in _device_cores(d, i)})
+    per_device = sorted({len(_device_cores(d, i)) for i, d in enumerate(devices) if isinstance(d, dict)})
+    listed = len(ids)
+    found = (
+        f"neuron-ls lists {listed} core id(s) ({_span(ids)}; {'/'.join(map(str, per_device))} per device) over "
+        f"{len(devices)} device(s); device_count() = {count}"
+        + (f" under {pinned}" if pinned else " (unpinned)")
+        + f"; LNC={lnc}; pool {_span(pool)}"
+    )
+    problems = []
+    if ids != list(range(listed)):
+        problems.append(f"the ids are not 0..{listed - 1}, the zero-based numbering NEURON_RT_VISIBLE_CORES takes")
+    if pinned is None and listed != count:
+        if listed == count * lnc:
+            problems.append(
+                f"neuron-ls numbers PHYSICAL cores ({listed} = {count} logical x LNC {lnc}) where the pinning and "
+                "device_count() number logical ones: owners would be marked on the wrong cores"
+            )
+        else:
+            problems.append(f"{listed} listed != {count} visible to the runtime")
+    if pinned is not None:
+        # The runtime sees what its own variable names; the session's slice (NEURON_SUPPORT_VISIBLE_CORES)
+        # may be narrower, and is checked against the listing below.
+        named = parse_cores(pinned.partition("=")[2])
+        if count != len(named):
+            problems.append(f"device_count() = {count} under {pinned}, which names {len(named)} core(s)")
+    outside = [c for c in pool if c not in set(ids)]
+    if outside:
+        problems.append(f"pool core(s) {_span(outside)} are not listed by neuron-ls")
+    if problems:
+        return f"{found}: MISMATCH: " + "; ".join(problems), False
+    return f"{found}: consistent", True
 
 
 def _neuron_ls_layout(data: object) -> str | None:
@@ -1234,6 +1349,7 @@ def _checks() -> tuple[_Check, ...]:
                 + (
                     f"`{k.cache_stats_expr}` persistent_hits + persistent_misses >= 1"
                     + (f" ({_env_text(k.env)})" if k.env else "")
+                    + ", or the row says the counters are UNAVAILABLE on this wheel"
                     if k.cache_stats_expr
                     else "inductor's fxgraph_cache_hit + fxgraph_cache_miss >= 1"
                 )
@@ -1292,6 +1408,21 @@ def _checks() -> tuple[_Check, ...]:
             _applies,
             (*device, "slice"),
             _Doctor.check_generation,
+        ),
+        _Check(
+            "core-ids",
+            "neuron-ls core ids vs the pinning's",
+            lambda k: (
+                "the owners listing's core ids are 0..N-1 and as many as device_count() (logical cores at this "
+                "LNC, not physical); the pool's cores are among them"
+            ),
+            lambda k: (
+                None
+                if k.owners_command is not None
+                else f"{k.name} lists no owners of its cores (owners_command is None)"
+            ),
+            ("device", "slice", "owners"),
+            _Doctor.check_core_ids,
         ),
     )
 

@@ -31,7 +31,7 @@ from . import controller, reporting
 from . import items as catalog_items
 from . import options as cli_options
 from .caches import ReferenceCache
-from .catalog import CORE_COUNTS, DTYPES, TASKS, CatalogError, ModelSpec, cli_model
+from .catalog import DTYPES, TASKS, CatalogError, ModelSpec, check_cores, cli_model
 from .checks import DEFAULT_MIN_COSINE, compare_embeddings
 from .cores import SLICE_ENV, CorePool, Lease
 from .devices import DeviceKind
@@ -98,7 +98,8 @@ class MarkerError(ValueError):
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
-        "neuron_cores(n): the neuron_cores fixture leases n cores for this test (default: the model's plan, else 1)",
+        "neuron_cores(n): the neuron_cores fixture leases n cores for this test, n one of 1, 2, 4, 8, 16 as a "
+        "catalog's cores: (default: the model's plan, else 1)",
     )
     config.addinivalue_line(
         "markers",
@@ -364,7 +365,10 @@ class Judge:
         else:
             text, tokens, result = subject, (), {}
         probe = Row(model_id=self.model, result="PASS", text=text, tokens=tokens)
-        judged, failure = judge_row(probe, self.settings, self._workdir, self._environ, result)
+        # A text has no tokens to precheck: only its text is checked before the judge reads it.
+        judged, failure = judge_row(
+            probe, self.settings, self._workdir, self._environ, result, text_only=not isinstance(subject, DeviceRun)
+        )
         if failure and failure["result"] != "FAIL":  # the judge itself broke: not a verdict on the text
             self._evidence.failure = (failure["result"], "judge", str(failure["error"]))
             pytest.fail(f"the judge {self.model} failed: {failure['error']}", pytrace=False)
@@ -432,7 +436,11 @@ def model_from_marker(args: Sequence[Any], kwargs: Mapping[str, Any]) -> ModelSp
     unknown = sorted(set(kwargs) - set(MODEL_FIELDS))
     if unknown:
         raise MarkerError(f"neuron_model: unknown field(s) {', '.join(unknown)}; use {', '.join(MODEL_FIELDS)}")
-    allowed: Mapping[str, Sequence[object]] = {"task": TASKS, "dtype": DTYPES, "cores": (None, *CORE_COUNTS)}
+    try:
+        check_cores(kwargs.get("cores"), f"@pytest.mark.neuron_model({args[0]!r})")
+    except CatalogError as exc:
+        raise MarkerError(str(exc)) from None
+    allowed: Mapping[str, Sequence[object]] = {"task": TASKS, "dtype": DTYPES}
     for name, choices in allowed.items():
         if name in kwargs and kwargs[name] not in choices:
             shown = ", ".join(str(c) for c in choices if c is not None)
@@ -451,14 +459,19 @@ def marker_cores(item: pytest.Item) -> int | None:
     mark = item.get_closest_marker("neuron_cores")
     if mark is None:
         return None
-    count = mark.args[0] if len(mark.args) == 1 and not mark.kwargs else None
-    if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+    if len(mark.args) != 1 or mark.kwargs:
         raise MarkerError(f"neuron_cores takes one core count, e.g. neuron_cores(2); got {mark.args!r}")
-    return count
+    # The catalog's rule for `cores:`, so a count no plan can have is the same error in both places.
+    try:
+        return check_cores(mark.args[0], f"@pytest.mark.neuron_cores({mark.args[0]!r})", field=None)
+    except CatalogError as exc:
+        raise MarkerError(str(exc)) from None
 
 
 def _fail_marker(exc: MarkerError) -> NoReturn:
-    pytest.fail(str(exc), pytrace=False)
+    # Called in the handler of the MarkerError: pytest.fail there would chain the two exceptions and
+    # print the message twice ("During handling of the above exception ..."), so the context is dropped.
+    raise pytest.fail.Exception(str(exc), pytrace=False) from None
 
 
 def _wants_model(request: pytest.FixtureRequest) -> bool:
@@ -547,7 +560,13 @@ def neuron_plan(request: pytest.FixtureRequest, neuron_model: ModelSpec) -> Plan
         check = "train" if "neuron_train_check" in request.fixturenames else "inference"
         settings = session_settings(request.config)
         # A Hub the session found unreachable is not asked again: the plan comes from the cache.
-        plan, _ = plan_model(model, settings, check=check, local_only=settings.hub_unreachable is not None)
+        plan, _ = plan_model(
+            model,
+            settings,
+            check=check,
+            local_only=settings.hub_unreachable is not None,
+            hub_down=settings.hub_unreachable,
+        )
     evidence.plan = plan
     if plan.skip is not None:
         evidence.skip_stage = "plan"
@@ -563,7 +582,9 @@ def neuron_plan(request: pytest.FixtureRequest, neuron_model: ModelSpec) -> Plan
 def neuron_cores(request: pytest.FixtureRequest) -> Iterator[CoreLease]:
     """An exclusive lease of N contiguous cores from the host-wide core ledger (a ``CoreLease``).
 
-    N is ``@pytest.mark.neuron_cores(N)``, else the model's plan when the test checks a model, else 1.
+    N is ``@pytest.mark.neuron_cores(N)``, else the model's plan when the test checks a model, else 1;
+    the marker's N follows the catalog's ``cores:`` rule (1, 2, 4, 8 or 16; anything else is an ERROR
+    naming the allowed counts, as ``cores: 3`` in a catalog is a usage error).
     ``lease.cores`` are the cores (host numbering) and ``lease.env`` the environment that pins a child
     process to them: ``subprocess.run(cmd, env={**os.environ, **lease.env})``. No other test, worker or
     session on the host gets these cores while the lease is held. It is released at teardown, or as
@@ -700,7 +721,9 @@ def neuron_reference(request: pytest.FixtureRequest, neuron_model: ModelSpec) ->
     workdir = _workdir(settings, node)
     run = evidence.reference_run or ReferenceRun(neuron_model, settings, workdir, dict(os.environ))
     cache = ReferenceCache(settings.reference_cache) if settings.reference_cache is not None else None
-    cached = cache.get(run.key, commit) if cache is not None and commit is not None else None
+    # Beside neuron_run, the entry the run decided not to start for is used exactly as a catalog item
+    # uses it (ReferenceRun.cached: of the device run's commit, None for a model that records none).
+    cached = run.cached(commit) if "neuron_run" in request.fixturenames else None
     if cached is not None:
         run.cancel()
         reference = CpuReference(run.spec, workdir / "reference", cached, True, 0.0)
@@ -724,7 +747,9 @@ def neuron_judge(request: pytest.FixtureRequest) -> Judge:
     """The fluency judge (a ``Judge``): ``neuron_judge(neuron_run)`` or ``neuron_judge("some text")``
     returns a ``JudgeVerdict`` (``fluent``, ``verdict``, ``score``).
 
-    Cheap checks first (empty text, one token repeated, special tokens in place of text), then
+    A text is judged as it is (only the checks that read text apply before the judge: empty, mostly
+    non-printable); a run also gets the token checks. Cheap checks first (empty text, one token
+    repeated, special tokens in place of text), then
     ``--judge-model`` (default ``Qwen/Qwen2.5-0.5B-Instruct``) on CPU in its own process as a
     standalone judge.py. A judge that cannot run fails the test (ERROR at stage ``judge``).
     """

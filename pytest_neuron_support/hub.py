@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
+from .redaction import scrub
 from .storage import write_atomic
 from .tasks import RANKED_TASKS
 
@@ -483,6 +484,9 @@ def _describe(exc: BaseException) -> str:
 def _scrub(text: str, token: str | None) -> str:
     if token:
         text = text.replace(token, "***")
+    # token=None lets the client send HF_TOKEN (or another secret variable) itself: mask those values
+    # too, whatever their shape (the pattern below knows only user tokens, hf_...).
+    text = scrub(text) or ""
     text = _USERINFO_PATTERN.sub("//", text)
     return _TOKEN_PATTERN.sub("hf_***", text)
 

@@ -19,8 +19,9 @@ from .controller import PROGRESS_PLUGIN, catalog_key, plan_models, plans_key, se
 from .dataset import expected_seconds_from_dataset
 from .options import options_key
 from .pipeline import prior_seconds
-from .planning import Plan
+from .planning import Plan, describe_plan
 from .progress import Planned
+from .rows import gate
 from .sharding import assign
 
 #: The catalog entry a catalog item checks (set at collection; absent on a user's own test).
@@ -80,6 +81,32 @@ def expect_progress(session: pytest.Session) -> None:
         return
     models = catalog_items(session.items)
     progress.expect(progress_plan(session.config, [(item.nodeid, item.stash.get(plan_key, None)) for item in models]))
+
+
+def report_plans(config: pytest.Config, items: Sequence[pytest.Item]) -> list[str]:
+    """``pytest --collect-only -v``: every selected catalog item's plan (cores, tp/ep, memory per core and
+    the reason, :func:`.planning.describe_plan`), or why it has none, before anything runs; nothing
+    otherwise (a sweep's own lines say what runs). The lines ``pytest_report_collectionfinish`` prints."""
+    settings = config.stash.get(settings_key, None)
+    models = catalog_items(items)
+    if settings is None or not models or not config.option.collectonly or config.get_verbosity() < 1:
+        return []
+    lines = [f"neuron-support plans ({settings.device.name}, pool of {settings.pool_cores} core(s)):"]
+    for item in models:
+        plan = item.stash.get(plan_key, None)
+        if plan is None:
+            gated = gate(item.stash[model_key], settings)
+            why = gated.error if gated is not None else "planned when it runs (its worker plans it)"
+            lines.append(f"  {item.nodeid}: not planned: {why}")
+            continue
+        text = describe_plan(plan)
+        if plan.skip is None and plan.error is None and plan.cores > settings.pool_cores:
+            # rows.planned_row skips it when it runs: said here too, with the option that changes it.
+            text += (
+                f"; SKIPPED here: the pool has {settings.pool_cores} core(s); pass --neuron-cores={plan.cores} or more"
+            )
+        lines.append(f"  {item.nodeid}: {text}")
+    return lines
 
 
 def collect_directory(path: Path, parent: pytest.Collector) -> pytest.Collector | None:

@@ -5,11 +5,19 @@ compiler built while this suite tested the model; so a sweep pulls that folder b
 publishes its own cache after. Both are ``hf buckets sync`` runs (huggingface_hub's CLI), one
 folder per compiler version.
 
-torch-neuronx writes its on-disk cache as ``<dir>/ab/cd/<key>.neff`` through ``.tmp.XXXXXX``
-files and keeps its locks in another directory (``shared/reference/torchneuron.md``, read in
-torch-neuronx's ``PersistentCacheBackend.cpp`` / ``FileLock.cpp``). So a finished entry is a
-non-empty ``*.neff`` file; anything else is a partial write or not the cache's, and publishing it
-would hand every user a graph that fails to load.
+torch-neuronx writes its on-disk cache in two layouts (``shared/reference/torchneuron.md``, read in
+torch-neuronx's ``PersistentCacheBackend.cpp`` / ``kernels/compiler_subprocess.py``): the C++
+compilation cache as ``<dir>/ab/cd/<key>.neff`` (``ab``/``cd`` the key's first two hex pairs, a
+32-hex key, written through ``.tmp.XXXXXX`` files; an empty file reads as a miss) and Python kernels
+as ``<dir>/<sha256>/<sha256>.neff``. A finished entry is a non-empty ``.neff`` at one of those paths;
+anything else is a partial write or another tool's layout (libneuronxla's ``MODULE_*/model.neff``),
+which torch-neuronx never reads: a pull counts it as foreign, a push never publishes it.
+
+That cache's keys hold no compiler version (``KernelExecution.cpp``: stablehlo hash, target, LNC,
+opt level, args), so one directory shared across compiler upgrades would serve NEFFs the old compiler
+built, and a push would publish them under the new compiler's folder. Every local cache is therefore
+one folder per compiler, ``<base>/neuronxcc-<version>`` (:func:`local_cache_dir`), which the pull,
+the runs (``TORCH_NEURONX_NEFF_CACHE_DIR``, :func:`run_cache_dir`) and the push all take from here.
 
 This module never imports torch: it runs in the CI step that syncs, before or after the sweep.
 """
@@ -21,8 +29,11 @@ import re
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+
+from .devices import DeviceKind
 
 #: The public bucket of compiled graphs; one ``neuronxcc-<version>`` folder per compiler.
 DEFAULT_BUCKET = "hf://buckets/aws-neuron/torch-neuronx-neff-cache"
@@ -61,10 +72,12 @@ class PullReport:
 
     Attributes:
         prefix: the bucket folder synced from.
-        cache_dir: the local cache synced into.
+        cache_dir: the local cache synced into (``<base>/neuronxcc-<version>``).
         before: finished entries the cache held before the sync.
         after: finished entries it holds after.
         copied: entries the sync added or rewrote (new path, or a changed size or mtime).
+        foreign: files the sync added or rewrote that are not in a layout torch-neuronx reads (relative
+            paths, sorted): another tool's cache, empty or partial ``.neff`` files.
     """
 
     prefix: str
@@ -72,6 +85,17 @@ class PullReport:
     before: int
     after: int
     copied: int
+    foreign: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        """One line for the log; names the foreign files (the first few) when there are any."""
+        text = (
+            f"pulled {self.copied} entries from {self.prefix} into {self.cache_dir} "
+            f"(it held {self.before}, now {self.after})"
+        )
+        if self.foreign:
+            text += f"; {_foreign_text(self.foreign)}"
+        return text
 
 
 @dataclass(frozen=True)
@@ -98,6 +122,13 @@ def bucket_prefix(compiler_version: str, bucket: str = DEFAULT_BUCKET) -> str:
     :func:`pytest_neuron_support.devices.compiler_version` reads): the published folders are named
     with it, and a sync of a wrong folder copies nothing and says nothing.
     """
+    _check_version(compiler_version)
+    if not bucket.startswith(_BUCKET_SCHEME) or len(bucket.rstrip("/")) <= len(_BUCKET_SCHEME):
+        raise NeffCacheError(f"{bucket!r} is not a bucket (expected {_BUCKET_SCHEME}<namespace>/<name>)")
+    return f"{bucket.rstrip('/')}/neuronxcc-{compiler_version}"
+
+
+def _check_version(compiler_version: str) -> None:
     if compiler_version in ("", "none"):
         raise NeffCacheError(
             f"no neuronx-cc version ({compiler_version!r}): neuronx-cc is not installed here, so there is no "
@@ -105,18 +136,68 @@ def bucket_prefix(compiler_version: str, bucket: str = DEFAULT_BUCKET) -> str:
         )
     if not _VERSION.fullmatch(compiler_version) or ".." in compiler_version:
         raise NeffCacheError(f"{compiler_version!r} is not a compiler version (expected e.g. 2.15.128.0+56dc5a86)")
-    if not bucket.startswith(_BUCKET_SCHEME) or len(bucket.rstrip("/")) <= len(_BUCKET_SCHEME):
-        raise NeffCacheError(f"{bucket!r} is not a bucket (expected {_BUCKET_SCHEME}<namespace>/<name>)")
-    return f"{bucket.rstrip('/')}/neuronxcc-{compiler_version}"
+
+
+def local_cache_dir(base: Path | str, compiler_version: str) -> Path:
+    """The local NEFF cache of compiler ``compiler_version``: ``<base>/neuronxcc-<version>``, the same
+    folder name as the bucket's. The one place that names it: ``neff pull`` syncs into it, the runs get
+    it as ``TORCH_NEURONX_NEFF_CACHE_DIR`` (:func:`run_cache_dir`), ``neff push`` stages from it, so a
+    NEFF another compiler built is neither served nor published."""
+    _check_version(compiler_version)
+    return Path(base) / f"neuronxcc-{compiler_version}"
+
+
+def session_cache_base(kind: DeviceKind, given: Path | None, environ: Mapping[str, str]) -> Path | None:
+    """The base of the compile caches a session's device runs use: ``--neff-cache`` when given; else,
+    where the kind keeps one cache per compiler version (neuron), the base ``neff pull`` and ``neff push``
+    default to (``$TORCH_NEURONX_NEFF_CACHE_DIR``, else torch-neuronx's own default), so a sweep run
+    without the option still compiles into, and reads from, the folder a pull filled; else None (the
+    run keeps the cache its environment names: inductor's)."""
+    if given is not None or not kind.compile_cache_per_compiler:
+        return given
+    return Path(environ.get(kind.compile_cache_env) or DEFAULT_CACHE_DIR)
+
+
+def run_cache_dir(kind: DeviceKind, base: Path, compiler_version: str) -> Path:
+    """The compile cache directory a device run gets for ``--neff-cache=base``: the compiler's own
+    folder (:func:`local_cache_dir`) where the kind's cache keys hold no compiler version
+    (``compile_cache_per_compiler``: neuron), else ``base`` itself (inductor's keys hold the torch
+    version and the code). A neuron host whose compiler version could not be read gets
+    ``neuronxcc-unknown``, shared with no known compiler's entries."""
+    if not kind.compile_cache_per_compiler:
+        return base
+    if compiler_version in ("", "none"):
+        return Path(base) / "neuronxcc-unknown"
+    return local_cache_dir(base, compiler_version)
+
+
+_HEX32 = re.compile(r"[0-9a-fA-F]{32}")
+_HEX64 = re.compile(r"[0-9a-fA-F]{64}")
+
+
+def _in_torch_neuronx_layout(relative: Path) -> bool:
+    """``ab/cd/<32-hex>.neff`` with ``ab``/``cd`` the key's first two pairs (the C++ cache's
+    ``GetShardedPath``), or ``<sha256>/<sha256>.neff`` (Python kernels)."""
+    parts, stem = relative.parts, relative.stem
+    if relative.suffix != ".neff":
+        return False
+    if len(parts) == 3 and _HEX32.fullmatch(stem):
+        return parts[0] == stem[:2] and parts[1] == stem[2:4]
+    return len(parts) == 2 and bool(_HEX64.fullmatch(stem)) and bool(_HEX64.fullmatch(parts[0]))
+
+
+def _hidden(relative: Path) -> bool:
+    """A write in flight or a tool's own bookkeeping, never an entry nor a foreign file: hidden names
+    cover ".tmp.XXXXXX" writes (and what a sync tool parks beside the entries, its metadata folder);
+    a ".tmp." anywhere covers "<key>.neff.tmp.XXXXXX"-style names too."""
+    return any(part.startswith(".") or ".tmp." in part for part in relative.parts)
 
 
 def _is_finished(path: Path, cache_dir: Path) -> bool:
     relative = path.relative_to(cache_dir)
-    # Hidden names cover ".tmp.XXXXXX" writes (and anything a tool parks beside the entries); a
-    # ".tmp." anywhere covers "<key>.neff.tmp.XXXXXX"-style names too.
-    if any(part.startswith(".") or ".tmp." in part for part in relative.parts):
+    if _hidden(relative):
         return False
-    if path.suffix != ".neff" or path.is_symlink():
+    if not _in_torch_neuronx_layout(relative) or path.is_symlink():
         # A link could point anywhere on the runner; only files the compiler wrote are published.
         return False
     try:
@@ -126,10 +207,35 @@ def _is_finished(path: Path, cache_dir: Path) -> bool:
 
 
 def finished_entries(cache_dir: Path) -> list[Path]:
-    """The cache's complete entries (non-empty ``*.neff`` files, no partial write), sorted."""
+    """The cache's complete entries (non-empty ``.neff`` files at a path torch-neuronx reads, no
+    partial write), sorted."""
     if not cache_dir.is_dir():
         return []
     return sorted(path for path in cache_dir.rglob("*.neff") if _is_finished(path, cache_dir))
+
+
+def _files(cache_dir: Path) -> dict[Path, tuple[int, int]]:
+    """Every regular file under ``cache_dir`` (relative path -> size, mtime), links excluded."""
+    found: dict[Path, tuple[int, int]] = {}
+    if not cache_dir.is_dir():
+        return found
+    for path in cache_dir.rglob("*"):
+        try:
+            if path.is_symlink() or not path.is_file():
+                continue
+            stat = path.stat()
+        except OSError:
+            continue
+        found[path.relative_to(cache_dir)] = (stat.st_size, stat.st_mtime_ns)
+    return found
+
+
+def _foreign_text(foreign: tuple[str, ...], shown: int = 5) -> str:
+    more = f" (+{len(foreign) - shown} more)" if len(foreign) > shown else ""
+    return (
+        f"{len(foreign)} file(s) not in a layout torch-neuronx reads (ab/cd/<32-hex>.neff, "
+        f"<sha256>/<sha256>.neff), which it will never load: {', '.join(foreign[:shown])}{more}"
+    )
 
 
 def stage(cache_dir: Path, staging_dir: Path) -> int:
@@ -195,21 +301,35 @@ def _sync(argv: list[str], hf: str) -> None:
         raise SyncFailed(f"{' '.join(argv)} exited {done.returncode}")
 
 
-def pull(version: str, cache_dir: Path, bucket: str = DEFAULT_BUCKET, hf: str = "hf") -> PullReport:
-    """Sync compiler ``version``'s published graphs into ``cache_dir``.
+def pull(version: str, base: Path, bucket: str = DEFAULT_BUCKET, hf: str = "hf") -> PullReport:
+    """Sync compiler ``version``'s published graphs into its local cache, ``<base>/neuronxcc-<version>``
+    (:func:`local_cache_dir`).
 
-    Raises :class:`NothingCopied` (carrying the report) when the sync added or changed no entry:
-    a wrong version or bucket copies nothing and ``hf`` says nothing, so the caller must hear it.
+    Raises :class:`NothingCopied` (carrying the report) when the sync added or changed no entry
+    torch-neuronx reads: a wrong version or bucket copies nothing and ``hf`` says nothing, and a bucket
+    in another layout (libneuronxla's ``MODULE_*/model.neff``) copies files torch-neuronx never reads,
+    so the caller must hear it. Foreign files that arrive beside usable entries are named in the
+    report (:meth:`PullReport.describe`).
     """
+    cache_dir = local_cache_dir(base, version)
     argv = pull_command(version, cache_dir, bucket)
     cache_dir.mkdir(parents=True, exist_ok=True)
-    before = _snapshot(cache_dir)
+    before, files_before = _snapshot(cache_dir), _files(cache_dir)
     _sync(argv, hf)
-    after = _snapshot(cache_dir)
+    after, files_after = _snapshot(cache_dir), _files(cache_dir)
     copied = sum(1 for path, seen in after.items() if before.get(path) != seen)
-    report = PullReport(argv[3], cache_dir, len(before), len(after), copied)
+    foreign = tuple(
+        sorted(
+            str(path)
+            for path, seen in files_after.items()
+            if path not in after and files_before.get(path) != seen and not _hidden(path)
+        )
+    )
+    report = PullReport(argv[3], cache_dir, len(before), len(after), copied, foreign)
     if copied == 0:
-        if report.after == 0:
+        if foreign:
+            why = f"the sync brought only {_foreign_text(foreign)}: the bucket folder is not a torch-neuronx cache"
+        elif report.after == 0:
             why = "the cache is still empty: the bucket has no entry for this compiler version, or the version is wrong"
         else:
             why = f"the cache already held all {report.after} entries, or the version or bucket is wrong"
@@ -223,10 +343,10 @@ def _staging_parent(cache_dir: Path) -> str | None:
     return str(parent) if os.access(parent, os.W_OK) else None
 
 
-def push(
-    version: str, cache_dir: Path, bucket: str = DEFAULT_BUCKET, hf: str = "hf", dry_run: bool = False
-) -> PushReport:
-    """Publish ``cache_dir``'s finished entries into compiler ``version``'s bucket folder.
+def push(version: str, base: Path, bucket: str = DEFAULT_BUCKET, hf: str = "hf", dry_run: bool = False) -> PushReport:
+    """Publish the finished entries of compiler ``version``'s local cache (``<base>/neuronxcc-<version>``,
+    :func:`local_cache_dir`) into its bucket folder; what another compiler's folder holds, or ``base``
+    itself, is never staged.
 
     The entries are staged into a temporary folder first (:func:`stage`), so only finished entries
     are uploaded. A dry run stages and counts but does not run ``hf``. Raises :class:`NothingStaged`
@@ -234,6 +354,7 @@ def push(
     the token from the environment (``HF_TOKEN``); it never appears in the command.
     """
     prefix = bucket_prefix(version, bucket)
+    cache_dir = local_cache_dir(base, version)
     with tempfile.TemporaryDirectory(prefix="neff-push-", dir=_staging_parent(cache_dir)) as tmp:
         staging = Path(tmp)
         argv = push_command(version, staging, bucket)

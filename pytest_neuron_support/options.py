@@ -8,7 +8,9 @@ and only plain values travel. Paths, the shard and ``--model`` entries are built
 
 from __future__ import annotations
 
+import itertools
 import os
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,6 +65,8 @@ class Options:
 
 
 options_key = pytest.StashKey[Options]()
+#: The plugin's options that take a value (filled by :func:`add_options`).
+VALUE_OPTIONS: set[str] = set()
 
 
 def add_options(parser: pytest.Parser) -> None:
@@ -247,6 +251,12 @@ def add_options(parser: pytest.Parser) -> None:
         choices=PARITY_MODES,
         help="exact: every token equal (default); near-tie: also pass when the first divergence is a near-tie",
     )
+    VALUE_OPTIONS.update(
+        name
+        for option in group.options
+        if option.attrs().get("action") not in ("store_true", "store_false", "count")
+        for name in option.names()
+    )
 
 
 # argparse ``type=`` validators. Each raises UsageError (pytest prints it as one ERROR line and exits
@@ -362,8 +372,51 @@ def shard_spec(value: str) -> str:
     return value
 
 
+def check_rootdir(config: pytest.Config) -> None:
+    """A UsageError when pytest chose its rootdir from the value of one of these options.
+
+    pytest picks its rootdir and configuration file before it loads plugins, so in
+    ``pytest --results-dir /some/dir`` it reads ``/some/dir`` as a test path: once that folder exists,
+    the rootdir moves there (or to a common ancestor) and the project's configuration is not read,
+    so its ``testpaths`` (the catalog) and its node ids are lost. With ``--results-dir=/some/dir``
+    nothing is misread. The rootdir pytest would have chosen without the value is worked out the way
+    pytest works it out; only where it differs is the run stopped.
+    """
+    try:
+        from _pytest.config.findpaths import determine_setup
+    except ImportError:  # pragma: no cover - pytest moved it: nothing to compare with
+        return
+    args = [*shlex.split(os.environ.get("PYTEST_ADDOPTS", "")), *config.invocation_params.args]
+    here = config.invocation_params.dir
+    spaced = [
+        (flag, value) for flag, value in itertools.pairwise(args) if flag in VALUE_OPTIONS and (here / value).exists()
+    ]
+    if not spaced:
+        return
+    try:
+        rootpath, inipath, _, _ = determine_setup(
+            inifile=config.option.inifilename,
+            override_ini=config.option.override_ini,
+            args=config.option.file_or_dir,
+            rootdir_cmd_arg=config.option.rootdir or None,
+            invocation_dir=here,
+        )
+    except Exception:  # pytest will say what is wrong with the arguments itself
+        return
+    if (rootpath, inipath) == (config.rootpath, config.inipath):
+        return
+    flag, value = spaced[0]
+    found = f"configuration {config.inipath}" if config.inipath is not None else "no configuration file"
+    meant = f"{rootpath} ({inipath})" if inipath is not None else str(rootpath)
+    raise pytest.UsageError(
+        f"{flag} {value}: pytest read {value!r} as a test path when it chose its rootdir, so the rootdir is "
+        f"{config.rootpath} with {found} instead of {meant}; write {flag}={value}"
+    )
+
+
 def parse_options(config: pytest.Config) -> Options:
     """Validate every option without touching the device; raise UsageError with the fix."""
+    check_rootdir(config)
     get = config.getoption
     explicit = get("models_file") is not None
     models_file = Path(get("models_file")) if explicit else config.rootpath / "models.yaml"

@@ -21,6 +21,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from . import hub, neffcache
 from .caches import ReferenceCache, reference_key
 from .catalog import ModelSpec
 from .checks import (
@@ -34,6 +35,7 @@ from .checks import (
     TeacherForced,
     fluency_precheck,
     teacher_forced,
+    text_precheck,
 )
 from .devices import DEVICES, NO_DEVICE_ENV, DeviceKind
 from .execution import ProcessOutcome, run_script
@@ -65,15 +67,25 @@ CPU_CHECK_OVERHEAD = 1.25
 
 
 def plan_model(
-    model: ModelSpec, settings: Settings, *, local_only: bool = False, check: str = "inference"
+    model: ModelSpec,
+    settings: Settings,
+    *,
+    local_only: bool = False,
+    check: str = "inference",
+    hub_down: str | None = None,
 ) -> tuple[Plan, bool]:
     """The model's plan for ``check``, and whether the Hub proved unreachable while making it."""
-    plans, unreachable = plan_checks(model, settings, (check,), local_only=local_only)
+    plans, unreachable = plan_checks(model, settings, (check,), local_only=local_only, hub_down=hub_down)
     return plans[check], unreachable
 
 
 def plan_checks(
-    model: ModelSpec, settings: Settings, checks: Sequence[str], *, local_only: bool = False
+    model: ModelSpec,
+    settings: Settings,
+    checks: Sequence[str],
+    *,
+    local_only: bool = False,
+    hub_down: str | None = None,
 ) -> tuple[dict[str, Plan], bool]:
     """The model's plan for each of ``checks`` from one inspection, and whether the Hub proved
     unreachable while making them (the train check plans by the training memory model: weights,
@@ -81,7 +93,8 @@ def plan_checks(
 
     A model that cannot be inspected runs on its catalog ``cores:`` when the entry sets them (the
     user decided); otherwise its plan carries the error (an ERROR row at stage plan saying what to
-    pass), never a guessed core count.
+    pass), never a guessed core count. A Hub model that is not in the local cache while the Hub
+    cannot be asked (``hub_down``: why the caller did not ask it) gets one short error saying so.
     """
     try:
         shape = inspect_model(model, local_only=local_only)
@@ -97,7 +110,7 @@ def plan_checks(
             )
             return dict.fromkeys(checks, plan), exc.unreachable
         where = f"its catalog entry (line {model.line})" if model.line else "a catalog entry for it (--models-file)"
-        error = (
+        error = _not_cached_offline(model, exc, hub_down) or (
             f"{exc}; to run it without inspecting it, set its core count: 'cores: N' in {where} "
             "(or check the id and the Hub's reachability)"
         )
@@ -116,6 +129,24 @@ def plan_checks(
         for check in checks
     }
     return plans, False
+
+
+def _not_cached_offline(model: ModelSpec, exc: PlanningError, hub_down: str | None) -> str | None:
+    """The short, true error of a Hub model that is neither in the local cache nor reachable, or None
+    when that is not why it could not be inspected (a local folder, a cached config, a Hub that answered).
+
+    The inspection's own error says everything it tried and the client's offline help, and a core
+    count would not help: the run would fail loading the same missing files."""
+    if model.source == "local" or hub.cached_file(model.id, "config.json", revision=model.revision) is not None:
+        return None
+    # hub.unreachable() says at once when the client is offline, else tries one connection.
+    why = hub_down or ("the Hub could not be reached" if exc.unreachable else hub.unreachable())
+    if why is None:
+        return None
+    return (
+        f"{model.id} (revision {model.revision}) is not in the local Hugging Face cache and the Hub cannot be "
+        f"asked ({why}); check the id, or download it where the Hub is reachable (hf download {model.id}) and rerun"
+    )
 
 
 def prior_seconds(plan: Plan) -> float:
@@ -239,9 +270,15 @@ class ReferenceRun:
     """One item's CPU reference: its spec, its cache key, and its run.
 
     The run starts at once, in a thread of its own beside the device run, unless the reference
-    cache already holds the key (it is checked against the device run's commit later; a stale
-    entry runs it then). The reference needs no device cores, so the item takes about the longer
-    of the two runs instead of their sum, and the cores are free as soon as the device run ends.
+    cache holds an entry the verdict is sure to use. The reference needs no device cores, so the
+    item takes about the longer of the two runs instead of their sum, and the cores are free as
+    soon as the device run ends. Every caller reads the cache through :meth:`cached` (an entry of
+    the device run's commit). Only an entry that records no commit is sure before the device run
+    says its commit: the key holds the model, its revision and the stack, so the device run of that
+    model records no commit either (a local folder; transformers 5.24 keeps none on the config). An
+    entry of a commit may be another commit's than the one the device run loads (a moved branch):
+    the reference starts beside the device run all the same and is stopped if the entry proves to
+    be of the device's commit, so it never starts after the device run.
     """
 
     def __init__(self, model: ModelSpec, settings: Settings, workdir: Path, environ: Mapping[str, str]) -> None:
@@ -256,7 +293,7 @@ class ReferenceRun:
         self._thread: threading.Thread | None = None
         #: The reference result the verdict used (cached or run), once :func:`_reference` has it.
         self.result: Mapping[str, Any] | None = None
-        if settings.reference_cache is None or not ReferenceCache(settings.reference_cache).has(self.key):
+        if self.cached(None) is None:
             self._thread = threading.Thread(target=self._run, name="neuron-support-reference", daemon=True)
             self._thread.start()
 
@@ -278,6 +315,14 @@ class ReferenceRun:
         self._cancel.set()
         if self._thread is not None:
             self._thread.join()
+
+    def cached(self, commit: str | None) -> Mapping[str, Any] | None:
+        """The cached result of this reference for a device run that loaded ``commit`` (None for a model
+        that records none: a local folder, or a transformers that keeps no commit on the config), or
+        None when the cache lacks it or holds another commit's."""
+        if self._settings.reference_cache is None:
+            return None
+        return ReferenceCache(self._settings.reference_cache).get(self.key, commit)
 
 
 def session_env(settings: Settings, environ: Mapping[str, str]) -> dict[str, str]:
@@ -304,7 +349,9 @@ def device_run_env(settings: Settings, environ: Mapping[str, str], pinned: Mappi
     device's core variable) and, with ``--neff-cache``, the device's compile cache variable."""
     env = {**session_env(settings, environ), **pinned}
     if settings.compile_cache is not None:
-        env[settings.device.compile_cache_env] = str(settings.compile_cache)
+        # neuron: one folder per compiler version (its cache keys hold none), the one neff pull and push use
+        cache = neffcache.run_cache_dir(settings.device, settings.compile_cache, settings.stack.neuronx_cc)
+        env[settings.device.compile_cache_env] = str(cache)
     return env
 
 
@@ -582,7 +629,7 @@ def _reference(
     final row if the reference failed."""
     ref_spec = run.spec
     cache = ReferenceCache(settings.reference_cache) if settings.reference_cache is not None else None
-    reference = cache.get(run.key, result.get("commit")) if cache is not None else None
+    reference = run.cached(result.get("commit"))
     if reference is not None:
         run.cancel()
         row = replace(row, reference_dtype=ref_spec.dtype, reference_s=0.0, reference_cached=True)
@@ -607,16 +654,28 @@ def _reference(
 
 
 def judge_row(
-    row: Row, settings: Settings, workdir: Path, environ: Mapping[str, str], result: Mapping[str, Any]
+    row: Row,
+    settings: Settings,
+    workdir: Path,
+    environ: Mapping[str, str],
+    result: Mapping[str, Any],
+    *,
+    text_only: bool = False,
 ) -> tuple[Row, dict[str, Any]]:
     """A sharded run's fluency verdict: cheap checks, then a judge model in its own CPU process.
+
+    ``text_only``: the subject is a text (``neuron_judge("some text")``), not a run's output: it has no
+    tokens, so only the checks that read the text apply (the token checks would call it empty).
 
     Returns the row with the judge's evidence, and the fields (result, failure_stage, error) that
     make it a failure if the judge decides, empty when the judge found the text fluent.
     """
     row = replace(row, judge_model=settings.judge_model, judge_revision=settings.judge_revision)
     text = row.text or ""
-    precheck = fluency_precheck(text, row.tokens, result.get("special_ids") or (), result.get("eos_id"))
+    if text_only:
+        precheck = text_precheck(text)
+    else:
+        precheck = fluency_precheck(text, row.tokens, result.get("special_ids") or (), result.get("eos_id"))
     if precheck is not None:
         row = replace(row, judge_verdict=f"precheck: {precheck}")
         return row, {"result": "FAIL", "failure_stage": "judge", "error": precheck}

@@ -37,6 +37,7 @@ from typing import Any
 
 from . import hub
 from .catalog import ModelSpec
+from .devices import TRN2_LOGICAL_CORE_BYTES
 from .storage import cache_home, write_atomic
 
 GIB = 1 << 30
@@ -309,6 +310,9 @@ class Plan:
         weight_bytes: parameters x bytes of the run dtype: the memory the weights take on the device.
         error: None when the model was planned; otherwise why it could not be inspected (its row is an
             ERROR at stage plan that says what to pass): a plan is never a guess.
+        per_core_bytes: what one core holds under this plan (weights, or the training state; an
+            expert-parallel rank's dense part whole plus its share of the experts); 0 when the model
+            does not run or was not inspected.
     """
 
     cores: int
@@ -318,6 +322,7 @@ class Plan:
     skip: str | None
     weight_bytes: int
     error: str | None = None
+    per_core_bytes: int = 0
 
 
 #: The training memory model: a fine-tuning step holds, per parameter, its weight, its gradient and
@@ -368,6 +373,7 @@ def plan_cores(
     max_cores: int = DEFAULT_MAX_CORES,
     override: int | None = None,
     training: bool = False,
+    limit: str | None = None,
 ) -> Plan:
     """Choose the fewest cores that hold the weights and that the model's shape can be sharded over.
 
@@ -377,7 +383,8 @@ def plan_cores(
     (n must divide the experts); a dense model without a TP plan runs on one core only.
     ``override`` (the catalog's ``cores:``) replaces the choice but must satisfy the same rules.
     ``training`` plans a fine-tuning run: a core must hold the training state (:func:`training_bytes`:
-    weights, gradients, AdamW moments), not the weights alone.
+    weights, gradients, AdamW moments), not the weights alone. ``limit`` names where ``max_cores``
+    comes from in the messages (default ``--max-cores=N``; ``neuron-support plan`` names an instance).
     """
     if dtype not in DTYPE_BYTES:
         raise ValueError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPE_BYTES)}")
@@ -414,6 +421,7 @@ def plan_cores(
             "dense, whole on every rank)"
         )
     per_core = f"{_gib(usable)} usable GiB"
+    cap = limit or f"--max-cores={max_cores}"
 
     def skipped(why: str) -> Plan:
         return Plan(cores=0, tp_size=1, ep_size=1, reason=why, skip=why, weight_bytes=weight_bytes)
@@ -423,7 +431,7 @@ def plan_cores(
             choices = ", ".join(map(str, CORE_CHOICES))
             return skipped(f"catalog override cores={override} is not an allowed core count (one of {choices})")
         if override > max_cores:
-            return skipped(f"catalog override cores={override} is more than --max-cores={max_cores}")
+            return skipped(f"catalog override cores={override} is more than {cap}")
         if on_one_core(override) > usable:
             return skipped(
                 f"catalog override cores={override} does not fit memory: {size} need {need} cores "
@@ -440,6 +448,7 @@ def plan_cores(
             reason=f"catalog override: {override} cores; {size} fit at {per_core} per core ({need} needed); {how}",
             skip=None,
             weight_bytes=weight_bytes,
+            per_core_bytes=math.ceil(on_one_core(override)),
         )
 
     # Checked before the core limit: raising --max-cores cannot help a model nothing can shard (a
@@ -450,7 +459,7 @@ def plan_cores(
             f"must fit 1 core, but its {size} exceed the {per_core} of one core (it would need {need})"
         )
     if need > max_cores:
-        return skipped(f"needs {need} cores ({size} at {per_core} per core), more than --max-cores={max_cores}")
+        return skipped(f"needs {need} cores ({size} at {per_core} per core), more than {cap}")
 
     # With power-of-two choices a count that breaks divisibility breaks it for every larger count
     # too, but the search does not rely on that: it takes the smallest count passing both rules.
@@ -469,14 +478,87 @@ def plan_cores(
         else:
             memory = f"{size} need {need} cores of {per_core} but the shape needs {cores}"
         return Plan(
-            cores=cores, tp_size=tp, ep_size=ep, reason=f"{memory}; {how}", skip=None, weight_bytes=weight_bytes
+            cores=cores,
+            tp_size=tp,
+            ep_size=ep,
+            reason=f"{memory}; {how}",
+            skip=None,
+            weight_bytes=weight_bytes,
+            per_core_bytes=math.ceil(on_one_core(cores)),
         )
 
     tried = ", ".join(map(str, candidates)) or "none"
     first = failures[0] if failures else "no allowed core count"
     return skipped(
         f"{size} need {need} cores at {per_core} per core, but {first}; no core count that fits memory "
-        f"works (tried {tried} with --max-cores={max_cores})"
+        f"works (tried {tried} with {cap})"
+    )
+
+
+def size_text(nbytes: float) -> str:
+    """Bytes as GiB, or MiB below a tenth of one (a tiny-zoo model is not "0.0 GiB")."""
+    return f"{nbytes / GIB:.1f} GiB" if nbytes >= GIB / 10 else f"{nbytes / (1 << 20):.1f} MiB"
+
+
+def describe_plan(plan: Plan) -> str:
+    """A plan in words, one line: cores, tp/ep, what one core holds, and the planner's reason; or
+    why the model does not run. ``pytest --collect-only -v`` and ``neuron-support plan`` both print it."""
+    if plan.error is not None:
+        return f"not planned: {plan.error}"
+    if plan.skip is not None:
+        return f"SKIPPED: {plan.skip}"
+    # A catalog ``cores:`` on a model that could not be inspected: the cores are the user's, the size unknown.
+    memory = f"{size_text(plan.per_core_bytes)} per core" if plan.per_core_bytes else "memory per core not known"
+    return f"{plan.cores} core(s), tp={plan.tp_size} ep={plan.ep_size}, {memory}: {plan.reason}"
+
+
+@dataclass(frozen=True)
+class Instance:
+    """A trn2 size ``neuron-support plan`` answers for.
+
+    Attributes:
+        name: the EC2 instance type.
+        chips: Trainium2 chips.
+        cores: logical NeuronCores at the default LNC=2 (4 a chip), each with one 24 GiB HBM bank.
+    """
+
+    name: str
+    chips: int
+    cores: int
+
+
+TRN2_INSTANCES: tuple[Instance, ...] = (Instance("trn2.3xlarge", 1, 4), Instance("trn2.48xlarge", 16, 64))
+
+
+def instance_plan(
+    shape: ModelShape,
+    instance: Instance,
+    *,
+    dtype: str,
+    headroom: float = DEFAULT_HEADROOM,
+    max_cores: int = DEFAULT_MAX_CORES,
+    override: int | None = None,
+    training: bool = False,
+) -> Plan:
+    """The plan the harness makes for ``shape`` on ``instance``: :func:`plan_cores` with the instance's
+    cores as the limit, capped at ``max_cores`` (a model never gets more than 16 cores, whatever the host has)."""
+    if instance.cores <= max_cores:
+        cap, limit = instance.cores, f"the {instance.cores} cores of a {instance.name}"
+    else:
+        cap, limit = (
+            max_cores,
+            f"the harness's {max_cores} cores per model (--max-cores; a {instance.name} has {instance.cores})",
+        )
+    return plan_cores(
+        shape,
+        dtype=dtype,
+        # One logical core at LNC=2 (a 24 GiB HBM bank): what a neuron device reporting none and cpu plan with.
+        core_bytes=TRN2_LOGICAL_CORE_BYTES,
+        headroom=headroom,
+        max_cores=cap,
+        override=override,
+        training=training,
+        limit=limit,
     )
 
 

@@ -15,6 +15,7 @@ process never initialises a device.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -59,6 +60,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     catalog_items.expect_progress(session)
+
+
+def pytest_report_collectionfinish(config: pytest.Config, start_path: Path, items: Sequence[pytest.Item]) -> list[str]:
+    """--collect-only -v: every catalog item's plan (cores, tp/ep, memory per core, reason) before anything runs."""
+    return catalog_items.report_plans(config, items)
 
 
 def pytest_assertrepr_compare(config: pytest.Config, op: str, left: object, right: object) -> list[str] | None:

@@ -8,7 +8,8 @@ The controller knows which items run (``pytest_runtest_logstart``, from xdist wo
 their plans; the stage a running model is at is read from its run folder (the last
 ``[neuron-support] stage=`` marker run.py printed to its log, or the CPU check / judge folder
 written after it), so neither the worker nor run.py reports anything for progress' sake. ``-q``
-silences the lines; status.json is written either way.
+silences the lines; status.json is written either way. A ``--collect-only`` session runs nothing, so it
+neither prints nor writes: status.json keeps describing the last session that ran items.
 """
 
 from __future__ import annotations
@@ -26,10 +27,10 @@ from typing import Any
 import pytest
 
 from .execution import last_stage
+from .nodeids import check_of
 from .reporting import row_from_report
 from .settings import run_dir
 from .storage import write_atomic
-from .suite import check_of
 
 STATUS_FILE = "status.json"
 
@@ -161,6 +162,9 @@ class Progress:
         self.results_dir = results_dir
         self.interval = interval
         self.quiet = config.get_verbosity() < 0
+        # A collect-only session would leave a status.json of a "finished" sweep with every item
+        # waiting, over the one of the sweep that last ran.
+        self.records = not config.option.collectonly
         self.planned: dict[str, Planned] = {}
         self.state = State(pid=os.getpid(), device=device, pool=pool, ledger=str(ledger or ""), started=time.time())
         self._outcomes: dict[str, tuple[str, str | None]] = {}
@@ -178,7 +182,7 @@ class Progress:
             self.state.total = len(self.planned)
             self._estimate(time.time())
         self._save()
-        if self._thread is None and self.interval > 0:
+        if self._thread is None and self.interval > 0 and self.records:
             self._thread = threading.Thread(target=self._tick, name="neuron-support-progress", daemon=True)
             self._thread.start()
 
@@ -275,6 +279,8 @@ class Progress:
             self._save()
 
     def _save(self) -> None:
+        if not self.records:
+            return
         with self._lock:
             self.state.updated = time.time()
             data = asdict(self.state)

@@ -17,7 +17,7 @@ from typing import Any
 from .checks import GRAD_NORM_RTOL, LOSS_ATOL, LOSS_RTOL
 from .signatures import MAX_MESSAGE, signature
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 #: Every value of the ``result`` column and exactly what it means.
 RESULTS: Mapping[str, str] = {
@@ -348,8 +348,24 @@ class Row:
     reference_cached: bool | None = field(
         default=None, metadata=_doc("the CPU reference came from the reference cache (same key, same commit)")
     )
-    compile_cache_hits: int | None = field(default=None, metadata=_doc("compiled graphs served from the cache"))
-    compile_cache_misses: int | None = field(default=None, metadata=_doc("compiled graphs not found in the cache"))
+    persistent_cache_hits: int | None = field(
+        default=None,
+        metadata=_doc(
+            "lookups the device's persistent (on-disk) compile cache answered during the two generate() calls. "
+            "neuron: every kernel that passed torch-neuronx's C++ compilation cache, the eager prefill's "
+            "per-op kernels as well as the torch.compile'd graphs (_C._get_compilation_cache_stats, "
+            "TORCH_NEURONX_METRICS_ENABLED=1); cpu/cuda: inductor's FX-graph cache hits "
+            "(counters['inductor']['fxgraph_cache_hit']), compiled graphs only. Null where the device's "
+            "stats API is absent from the installed wheel (unknown, not zero)"
+        ),
+    )
+    persistent_cache_misses: int | None = field(
+        default=None,
+        metadata=_doc(
+            "lookups the same cache could not answer, so the kernel (neuron: graph or eager op) or FX graph "
+            "(cpu/cuda) was compiled; null where the stats API is absent (unknown, not zero)"
+        ),
+    )
     peak_device_memory_bytes: int | None = field(
         default=None,
         metadata=_doc(
@@ -522,9 +538,12 @@ class Row:
         """Rebuild a row from JSON or a Parquet record; unknown keys are ignored."""
         kwargs: dict[str, Any] = {}
         for f in dataclasses.fields(cls):
-            if f.name not in data or not f.init:  # a derived column is made again, not read
+            name = f.name
+            if data.get(name) is None and _RENAMED.get(name) in data:  # a row written before the rename
+                name = _RENAMED[name]
+            if name not in data or not f.init:  # a derived column is made again, not read
                 continue
-            value = data[f.name]
+            value = data[name]
             if COLUMN_TYPES[f.name].startswith("list") and value is not None:
                 value = tuple(value.tolist() if hasattr(value, "tolist") else value)
             elif value is not None and hasattr(value, "item"):
@@ -537,6 +556,14 @@ class Row:
     @classmethod
     def from_json(cls, text: str) -> Row:
         return cls.from_mapping(json.loads(text))
+
+
+#: Columns renamed since an older schema: new name -> old. The old columns counted the same thing
+#: (their docs said "compiled graphs", which was wrong on neuron), so older datasets keep their values.
+_RENAMED: Mapping[str, str] = {
+    "persistent_cache_hits": "compile_cache_hits",
+    "persistent_cache_misses": "compile_cache_misses",
+}
 
 
 _ARROW_TYPES: Mapping[str, str] = {

@@ -23,11 +23,11 @@ from .dataset import (
     dump_rows,
     write_rows,
 )
+from .nodeids import check_of, model_id_of
 from .records import Row
 from .rows import base_row, training_row
 from .settings import Settings, slug
 from .storage import write_atomic
-from .suite import check_of, model_id_of
 
 ROW_PROPERTY = "neuron_support_row"
 writer_key = pytest.StashKey["ResultsWriter"]()

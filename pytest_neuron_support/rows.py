@@ -245,9 +245,10 @@ def with_device_result(row: Row, result: Mapping[str, Any]) -> Row:
 
 
 def with_cache_counts(row: Row, result: Mapping[str, Any]) -> Row:
-    """Compile-cache hits and misses, as run.py counted them (the device's persistent cache)."""
+    """Persistent compile-cache hits and misses, as run.py counted them (neuron: kernels, eager ops
+    included; cpu/cuda: inductor's FX graphs); None where the device's stats API was missing."""
     counts = result.get("compile_cache") or {}
-    return replace(row, compile_cache_hits=counts.get("hits"), compile_cache_misses=counts.get("misses"))
+    return replace(row, persistent_cache_hits=counts.get("hits"), persistent_cache_misses=counts.get("misses"))
 
 
 def _round(value: float | None) -> float | None:

@@ -17,19 +17,16 @@ file pytest finds on its own, so the plugin works wherever it is installed.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 import pytest
 
+# The catalog items' names live below every module that reads them (the controller, the reporting hook,
+# the dataset): re-exported here, where the tests they name are.
+from .nodeids import TEST_NAME, TEST_NAMES, check_of, item_name, model_id_of
+
 if TYPE_CHECKING:
     from .fixtures import ModelCheck
-
-#: The catalog's inference test: its items are ``test_model[<Hub id>]``.
-TEST_NAME = "test_model"
-#: check -> the catalog test that makes it (each parametrized over the entries that ask for it).
-TEST_NAMES: Mapping[str, str] = MappingProxyType({"inference": TEST_NAME, "train": "test_training"})
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -59,26 +56,4 @@ def test_training(neuron_train_check: ModelCheck) -> None:
     assert neuron_train_check.result == "PASS"
 
 
-def item_name(model_id: str, check: str = "inference") -> str:
-    """The name of a catalog model's item for ``check`` (the last part of its node id)."""
-    return f"{TEST_NAMES[check]}[{model_id}]"
-
-
-def _parse(nodeid: str) -> tuple[str, str] | None:
-    name = nodeid.rsplit("::", 1)[-1]
-    for check, test in TEST_NAMES.items():
-        if name.startswith(f"{test}[") and name.endswith("]"):
-            return name[len(test) + 1 : -1], check
-    return None
-
-
-def model_id_of(nodeid: str) -> str | None:
-    """The model id of a catalog item's node id; None for any other test."""
-    parsed = _parse(nodeid)
-    return None if parsed is None else parsed[0]
-
-
-def check_of(nodeid: str) -> str | None:
-    """The check a catalog item's node id makes (``inference``, ``train``); None for any other test."""
-    parsed = _parse(nodeid)
-    return None if parsed is None else parsed[1]
+__all__ = ["TEST_NAME", "TEST_NAMES", "check_of", "item_name", "model_id_of", "pytest_generate_tests"]

@@ -143,10 +143,17 @@ SPACE_TITLE = "Model support on AWS Trainium"
 # --- how to rerun a row (shared with `neuron-support runscript`) -------------------------------
 
 
+def neff_cache_dir(neuronx_cc: str) -> str:
+    """Compiler ``neuronx_cc``'s own local cache under the default base, the folder a sweep's run.py
+    and ``neff pull`` use (torch-neuronx's cache keys hold no compiler version)."""
+    return str(neffcache.local_cache_dir(Path(NEFF_CACHE_DIR), neuronx_cc))
+
+
 def neff_sync_command(neuronx_cc: str) -> str | None:
-    """The command that fetches the public NEFF cache for compiler ``neuronx_cc``; None off Trainium."""
+    """The command that fetches the public NEFF cache for compiler ``neuronx_cc`` into its own local
+    folder (:func:`neff_cache_dir`); None off Trainium."""
     try:
-        return shlex.join(neffcache.pull_command(neuronx_cc, NEFF_CACHE_DIR))
+        return shlex.join(neffcache.pull_command(neuronx_cc, neff_cache_dir(neuronx_cc)))
     except neffcache.NeffCacheError:
         return None  # no compiler ("none"), or a recorded version no bucket folder can be named by
 
@@ -185,7 +192,7 @@ def run_command(row: Row) -> str:
     if device is not None:
         env.update(device.pin_cores(0, row.neuron_cores or 1))
         if neff_sync_command(row.neuronx_cc) is not None:
-            env[device.compile_cache_env] = NEFF_CACHE_DIR
+            env[device.compile_cache_env] = neff_cache_dir(row.neuronx_cc)
     prefix = "".join(f"{key}={shlex.quote(value)} " for key, value in env.items())
     return f"{prefix}python3 {script_name(row)} --out result.json"
 

@@ -171,11 +171,30 @@ def eager_compile(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatc
     For tests of the harness (leases, faults, verdicts, progress, resume, fixtures): the compiler is
     not what they check. The tests about compiling keep the cpu row's inductor: the tiny-zoo sweep
     of every architecture, test_scale (compile cache hits), test_zoo (decisive when compiled),
-    ``--device=auto`` (the row's backend), the near tie (inductor's numerics) and test_faults_model
-    (a fault planted in inductor)."""
+    ``--device=auto`` (the row's backend) and test_faults_model (a fault planted in inductor)."""
     option = "--compile-backend=eager"
     _add_session_options(request, monkeypatch, option)
     return option
+
+
+#: Where inductor keeps what it compiled (its FX-graph and AOTAutograd caches). Unset, it is
+#: ``<tmp>/torchinductor_<user>``, shared by every test, every run of the suite and every CI job on the
+#: machine: a compile a test calls cold may be served from there, warm.
+INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
+
+
+@pytest.fixture
+def cold_inductor_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty inductor cache of this test's own, for every process it starts (pytester sessions,
+    their workers and runs inherit ``TORCHINDUCTOR_CACHE_DIR``) and for this process: the first
+    compile of a graph there is a real one (cache misses, code generation), whatever ran before.
+    For the tests that claim a cold compile. A session given ``--neff-cache DIR`` compiles into DIR
+    instead (the plugin sets the variable for its device runs), which is as fresh when DIR is the
+    test's own. inductor writes the variable back into ``os.environ`` when it first reads it;
+    monkeypatch restores it after the test either way."""
+    cache = tmp_path_factory.mktemp("inductor-cache")
+    monkeypatch.setenv(INDUCTOR_CACHE_ENV, str(cache))
+    return cache
 
 
 @pytest.fixture
@@ -209,6 +228,9 @@ LONGEST_FIRST = (
     "tests/test_sweep.py::test_parity_failure_and_load_error",
     "tests/test_training.py::test_the_tiny_zoo_trains_on_cpu",
     "tests/test_promises.py::test_near_tie",
+    "tests/test_forced_cache.py::",
+    "tests/test_cold_cache.py::",
+    "tests/test_faults_ranks.py::",
     "tests/test_doctor.py::test_rows_record_the_self_check",
     "tests/test_tasks.py::test_vlm_and_real_minilm",
     "tests/test_failures.py::",

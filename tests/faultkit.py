@@ -231,6 +231,7 @@ REPORT_ALIVE = """
 import json as _json
 import os as _os
 import sys as _sys
+import uuid as _uuid
 
 _sys.path.insert(0, {tests!r})
 from faultkit import recorded as _recorded
@@ -243,9 +244,13 @@ def pytest_runtest_logreport(report):
     alive = [r.__dict__ | {{"argv": list(r.argv)}} for r in _recorded(__import__("pathlib").Path(record)) if r.alive()]
     reports = _os.path.join(record, "reports")
     _os.makedirs(reports, exist_ok=True)
-    name = f"{{len(_os.listdir(reports)):04d}}.json"
-    with open(_os.path.join(reports, name), "w") as handle:
+    # Named by this process and a uuid, written to a temporary name and renamed: xdist workers report
+    # at the same time into one folder, and a name counted from its listing could be taken twice.
+    name = f"{{_os.getpid()}}-{{_uuid.uuid4().hex}}"
+    tmp = _os.path.join(reports, f".{{name}}.tmp")
+    with open(tmp, "w") as handle:
         _json.dump({{"nodeid": report.nodeid, "alive": alive}}, handle)
+    _os.replace(tmp, _os.path.join(reports, f"{{name}}.json"))
 """
 
 
@@ -255,10 +260,15 @@ def report_alive_conftest() -> str:
 
 
 def alive_at_report(directory: Path, model_id: str) -> list[Recorded]:
-    """The recorded processes alive when ``model_id``'s item reported (see :data:`REPORT_ALIVE`).
-    Fails if the item never reported, so a missing report is not read as "none alive"."""
-    for path in sorted((directory / "reports").glob("*.json")):
+    """The recorded processes alive when ``model_id``'s item reported (see :data:`REPORT_ALIVE`): the
+    item whose node id is ``model_id`` or ends in ``[model_id]`` (``tiny-random/qwen3`` is not
+    ``tiny-random/qwen3_moe``'s). Fails if the item never reported, so a missing report is not read as
+    "none alive", and if several did, so the answer is never an arbitrary one of them."""
+    found = []
+    for path in (directory / "reports").glob("*.json"):
         report = json.loads(path.read_text())
-        if model_id in report["nodeid"]:
-            return [Recorded(r["pid"], r["ppid"], r["start"], r["cwd"], tuple(r["argv"])) for r in report["alive"]]
-    raise AssertionError(f"no report of {model_id} in {directory / 'reports'}")
+        if report["nodeid"] == model_id or report["nodeid"].endswith(f"[{model_id}]"):
+            found.append(report)
+    assert found, f"no report of {model_id} in {directory / 'reports'}"
+    assert len(found) == 1, f"{len(found)} reports of {model_id}: {[r['nodeid'] for r in found]}"
+    return [Recorded(r["pid"], r["ppid"], r["start"], r["cwd"], tuple(r["argv"])) for r in found[0]["alive"]]

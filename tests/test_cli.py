@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -201,8 +202,12 @@ def test_runscript_prints_the_script_packages_and_neff_sync(tmp_path: Path) -> N
     assert "# run.py of org/a on 5.25.0" in out  # the newest stack by default
     assert "pip install --extra-index-url https://pip.repos.neuron.amazonaws.com neuronx-cc==2.21.33" in out
     assert "pip install torch==2.9.0 transformers==5.25.0 einops" in out
-    assert "hf buckets sync hf://buckets/aws-neuron/torch-neuronx-neff-cache/neuronxcc-2.21.33 /tmp/neff_cache" in out
-    assert "NEURON_RT_VISIBLE_CORES=0-1 TORCH_NEURONX_NEFF_CACHE_DIR=/tmp/neff_cache python3 run.py" in out
+    # The compiler's own local folder, as a sweep's run.py and neff pull use it: the cache keys hold no
+    # compiler version, so one flat folder would serve another compiler's NEFFs.
+    sync = "hf buckets sync hf://buckets/aws-neuron/torch-neuronx-neff-cache/neuronxcc-2.21.33"
+    assert f"{sync} /tmp/neff_cache/neuronxcc-2.21.33" in out
+    folder = "TORCH_NEURONX_NEFF_CACHE_DIR=/tmp/neff_cache/neuronxcc-2.21.33"
+    assert f"NEURON_RT_VISIBLE_CORES=0-1 {folder} python3 run.py" in out
 
     old = cli("runscript", "org/a", "--stack", "neuronxcc-2.21.33__transformers-5.24.0", "--results-dir", str(tmp_path))
     assert old.returncode == 0, old.stderr
@@ -261,3 +266,85 @@ def test_report_with_the_network_unplugged_says_so_in_seconds(tmp_path: Path) ->
     assert unavailable in done.stdout.splitlines(), done.stdout
     assert "Retrying" not in done.stdout + done.stderr
     assert elapsed < 10, elapsed
+
+
+USER_TEST = "tests/test_mine.py::test_my_finetune"
+
+
+def test_every_subcommand_names_the_results_folder_with_results_dir(tmp_path: Path) -> None:
+    write_rows(tmp_path / "res", [row("org/a", "PASS")])
+    for command in ("show", "failures", "runscript", "report", "status"):
+        assert "--results-dir" in cli(command, "--help").stdout, command
+    failures = cli("failures", "--results-dir", str(tmp_path / "res"))
+    assert failures.returncode == 0, failures.stderr
+    assert failures.stdout.startswith("neuronxcc-none__transformers-5.24.0: 0 failure signature(s)")
+    status = cli("status", "--results-dir", str(tmp_path / "nowhere"))
+    assert status.returncode == 1
+    assert "pass the --results-dir of a running sweep" in status.stderr
+    # The folder given bare, as failures and status once took it: the error names the flag that works.
+    for command in ("failures", "status"):
+        bare = cli(command, str(tmp_path / "res"))
+        assert bare.returncode == 2, (command, bare.stdout)
+        assert f"neuron-support {command}: name the results folder with --results-dir {tmp_path / 'res'}" in (
+            bare.stderr
+        )
+    # failures' own error tells you to pass --results-dir: a flag it takes.
+    missing = cli("failures", "--results-dir", str(tmp_path / "nowhere"))
+    assert missing.returncode == 2 and "pass the --results-dir of a sweep" in missing.stderr
+
+
+def test_show_and_diff_name_each_row_by_its_test(tmp_path: Path) -> None:
+    # A catalog run and a user's test of one model are two rows: each line says which test it is.
+    old, new = tmp_path / "old", tmp_path / "new"
+    mine = Row(model_id="org/a", result="PASS", library_version="5.24.0", test=USER_TEST, source="test")
+    write_rows(old, [row("org/a", "PASS"), mine])
+    write_rows(new, [row("org/a", "PASS"), dataclasses.replace(mine, result="FAIL")])
+    shown = cli("show", "org/a", "--results-dir", str(old)).stdout.splitlines()
+    assert sorted(line.split("  ")[0] for line in shown) == sorted(["test_model[org/a]", USER_TEST]), shown
+    diff = cli("diff", "-v", str(old), str(new))
+    assert diff.returncode == 1
+    lines = diff.stdout.splitlines()
+    assert f"regressed  org/a (test {USER_TEST}) [cpu]: PASS -> FAIL" in lines
+    assert "unchanged  org/a [cpu]: PASS -> PASS" in lines
+
+
+def test_diff_says_missing_not_unblocked_for_a_model_the_new_dataset_lacks(tmp_path: Path) -> None:
+    def err(model: str) -> Row:
+        return Row(model_id=model, result="ERROR", failure_stage="load", error="run.py killed by SIGSEGV")
+
+    old, new = tmp_path / "old", tmp_path / "new"
+    write_rows(old, [err("org/a"), err("org/b")])
+    write_rows(new, [row("org/a", "PASS")])  # org/b did not run: nothing says it is unblocked
+    lines = cli("diff", str(old), str(new)).stdout.splitlines()
+    assert lines[-2] == (
+        "signatures: 0 appeared, 1 disappeared; 0 model(s) newly blocked, 1 model(s) unblocked, "
+        "1 missing from the new dataset"
+    )
+    assert "missing    org/b [cpu]: ERROR -> -" in lines
+
+
+def test_runscript_of_a_model_with_two_tests_lists_them_and_test_chooses(tmp_path: Path) -> None:
+    stamp = "2026-11-30T01:00:00+00:00"
+    write_rows(
+        tmp_path,
+        [
+            neuron_row("org/a", "PASS", "5.24.0", stamp, runscript="# the catalog's run.py\n"),
+            neuron_row(
+                "org/a", "FAIL", "5.24.0", stamp, test=USER_TEST, source="test", runscript="# my test's run.py\n"
+            ),
+        ],
+    )
+    unchosen = cli("runscript", "org/a", "--results-dir", str(tmp_path))
+    assert unchosen.returncode == 2 and unchosen.stdout == ""
+    assert "org/a has rows of 2 tests; choose one with --test:" in unchosen.stderr
+    assert "  --test 'test_model[org/a]'" in unchosen.stderr and f"  --test {USER_TEST}" in unchosen.stderr
+    for test, script in (
+        (USER_TEST, "# my test's run.py\n"),
+        ("test_model[org/a]", "# the catalog's run.py\n"),
+        ("models.yaml::test_model[org/a]", "# the catalog's run.py\n"),
+    ):
+        chosen = cli("runscript", "org/a", "--test", test, "--script-only", "--results-dir", str(tmp_path))
+        assert (chosen.returncode, chosen.stdout) == (0, script), (test, chosen.stderr)
+    unknown = cli("runscript", "org/a", "--test", "tests/other.py::test_x", "--results-dir", str(tmp_path))
+    assert unknown.returncode == 2
+    assert "of test tests/other.py::test_x" in unknown.stderr and USER_TEST in unknown.stderr

@@ -160,14 +160,16 @@ def test_equal_priorities_are_served_first_come_and_one_shot_tries_leave_no_queu
 
 
 def test_a_killed_waiter_does_not_hold_the_line(tmp_path: Path) -> None:
-    pool = CorePool(tmp_path, 4)
+    # One session for both (the queue orders the requests of a session): a live waiter for all 4 cores
+    # at priority 100 sets every core aside for itself, so only its death lets a 1-core request through.
+    pool = CorePool(tmp_path, 4, session="one")
     held = pool.acquire(4)
     waiter = subprocess.Popen(
         [
             sys.executable,
             "-c",
             "import sys; from pathlib import Path; from pytest_neuron_support.cores import CorePool\n"
-            "CorePool(Path(sys.argv[1]), 4).acquire(4, 'doomed', priority=100.0)",
+            "CorePool(Path(sys.argv[1]), 4, session='one').acquire(4, 'doomed', priority=100.0)",
             str(tmp_path),
         ]
     )
@@ -175,9 +177,11 @@ def test_a_killed_waiter_does_not_hold_the_line(tmp_path: Path) -> None:
     while not pool.waiting() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert [w.pid for w in pool.waiting()] == [waiter.pid]
+    # Killed while waiting, and reaped, before the cores are released: it cannot have got them.
+    os.kill(waiter.pid, signal.SIGKILL)
+    assert waiter.wait(timeout=30) == -signal.SIGKILL  # it was still waiting: it did not end on its own
+    assert pool.leases() == [held]  # and it took nothing
     pool.release(held)
-    os.kill(waiter.pid, signal.SIGKILL)  # killed while waiting, before it got the cores
-    waiter.wait()
     assert pool.acquire(1, timeout=10).first == 0
     assert pool.waiting() == []
 

@@ -12,7 +12,18 @@ import pyarrow.parquet as pq
 import yaml
 
 from pytest_neuron_support.dataset import PartWriter, read_dataset, recover_parts, write_rows
-from pytest_neuron_support.records import COLUMN_DOCS, RESULTS, STAGES, Row, arrow_schema
+from pytest_neuron_support.records import COLUMN_DOCS, RESULTS, SCHEMA_VERSION, STAGES, Row
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+
+def golden_schema() -> list[tuple[str, str]]:
+    """The columns, in order, with their Arrow types, of the current schema version as written down
+    in ``fixtures/dataset-schema-v<N>.txt`` (independent of ``Row``, which the writer derives from)."""
+    path = FIXTURES / f"dataset-schema-v{SCHEMA_VERSION}.txt"
+    assert path.exists(), f"{path.name} is missing: a new SCHEMA_VERSION needs its columns written down there"
+    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line and not line.startswith("#")]
+    return [(name, kind) for name, kind in (line.split(": ", 1) for line in lines)]
 
 
 def row(model: str, result: str = "PASS", version: str = "5.24.0", **kw: object) -> Row:
@@ -24,7 +35,7 @@ def test_rows_round_trip_through_parquet_with_pandas(tmp_path: Path) -> None:
     (path,) = write_rows(tmp_path, rows)
     assert path.name == "neuronxcc-none__transformers-5.24.0.parquet"
     df = pd.read_parquet(tmp_path / "data")
-    assert list(df.columns) == list(COLUMN_DOCS)
+    assert list(df.columns) == [name for name, _ in golden_schema()]
     assert df.set_index("model_id").loc["org/b", "first_divergence"] == 3
     assert sorted(read_dataset(tmp_path), key=lambda r: r.model_id) == rows
 
@@ -77,7 +88,8 @@ def test_the_parquet_file_has_the_promised_column_types_and_their_docs(tmp_path:
     (path,) = write_rows(tmp_path, [row("org/a", neuron_cores=2, run_s=1.5, reference_match=True)])
     schema = pq.read_schema(path)  # the file as written, not the schema function that wrote it
     assert {name: schema.field(name).type for name in PROMISED_TYPES} == PROMISED_TYPES
-    assert len(schema.names) == len(set(schema.names)) == len(arrow_schema().names)
+    # Every column, in order, with its type, against the written-down schema of this version.
+    assert [(field.name, str(field.type)) for field in schema] == golden_schema()
     # Each column carries its doc in the file's own metadata, the text the card shows for it.
     card = (tmp_path / "README.md").read_text()
     for name in ("model_id", "first_divergence", "runscript"):

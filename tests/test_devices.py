@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import json
+import textwrap
 from pathlib import Path
 
 import pytest
 
-from pytest_neuron_support.devices import DEVICES, NO_DEVICE_ENV, ProbeResult, compiler_version, fallback_core_bytes
+from pytest_neuron_support.devices import (
+    DEVICES,
+    NO_DEVICE_ENV,
+    ProbeResult,
+    compiler_version,
+    fallback_core_bytes,
+    probe,
+)
 from pytest_neuron_support.pipeline import _cpu_env
 from pytest_neuron_support.records import current_stack
 from pytest_neuron_support.settings import Settings
@@ -72,3 +81,115 @@ def test_find_device_names_a_missing_kind_and_the_fix() -> None:
 
     with pytest.raises(DeviceNotFound, match=r"--device=cuda: no cuda device is visible.*--device=cpu"):
         find_device("cuda", lambda: ProbeResult({"neuron": 0, "cuda": 0, "cpu": 2}))
+
+
+#: A stand-in for torch with torch-neuronx loaded, as the probe subprocess imports it: it records every
+#: call with the NEURON_RT_VISIBLE_CORES it ran under, and, like the real runtime (``_lazy_init`` ->
+#: ``nrt_init``), takes "every core it sees" when a property is read with nothing pinned.
+FAKE_TORCH = """
+import json, os
+
+_LOG = os.environ["FAKE_TORCH_LOG"]
+
+
+def _record(call):
+    with open(_LOG, "a") as log:
+        log.write(json.dumps({"call": call, "pinned": os.environ.get("NEURON_RT_VISIBLE_CORES")}) + "\\n")
+
+
+class _Properties:
+    total_memory = 24 << 30
+
+
+class _Neuron:
+    @staticmethod
+    def is_available():
+        _record("is_available")
+        return True
+
+    @staticmethod
+    def device_count():
+        _record("device_count")
+        return 1 if os.environ.get("NEURON_RT_VISIBLE_CORES") else 64
+
+    @staticmethod
+    def get_device_properties(index):
+        _record("get_device_properties")
+        return _Properties()
+
+
+neuron = _Neuron()
+
+
+class _Cuda:
+    @staticmethod
+    def is_available():
+        return False
+
+    @staticmethod
+    def device_count():
+        return 0
+
+
+cuda = _Cuda()
+"""
+
+
+def fake_torch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    package = tmp_path / "fake" / "torch"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text(textwrap.dedent(FAKE_TORCH))
+    log = tmp_path / "calls.jsonl"
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "fake"))
+    monkeypatch.setenv("FAKE_TORCH_LOG", str(log))
+    monkeypatch.delenv("NEURON_RT_VISIBLE_CORES", raising=False)
+    return log
+
+
+def calls(log: Path) -> list[dict[str, str | None]]:
+    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+
+def test_the_session_probe_counts_neuron_cores_without_initialising_the_runtime(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The issue: the probe evaluated get_device_properties(0) unpinned, i.e. nrt_init over every core of
+    # the host at every session's start; device_count() needs no init.
+    log = fake_torch(tmp_path, monkeypatch)
+    seen = probe(("neuron", "cuda"))
+    assert seen.counts == {"neuron": 64, "cuda": 0}
+    assert "neuron" not in seen.core_memory  # the planner takes the LNC figure (fallback_core_bytes)
+    unpinned = [c["call"] for c in calls(log) if c["pinned"] is None]
+    assert "device_count" in unpinned and "get_device_properties" not in unpinned, calls(log)
+
+
+def test_only_kinds_whose_memory_read_initialises_a_runtime_need_pinning() -> None:
+    assert DEVICES["neuron"].memory_needs_pinning and DEVICES["neuron"].core_env_var
+    assert not DEVICES["cuda"].memory_needs_pinning and not DEVICES["cpu"].memory_needs_pinning
+
+
+def test_a_neuron_run_gets_its_compilers_own_cache_folder_and_a_cpu_run_the_base() -> None:
+    # torch-neuronx's cache keys hold no compiler version: the run, neff pull and neff push must all use
+    # <base>/neuronxcc-<version> (neffcache.run_cache_dir), or a new compiler is served the old one's NEFFs.
+    from dataclasses import replace
+
+    from pytest_neuron_support.pipeline import device_run_env
+
+    def settings(device: str, compiler: str) -> Settings:
+        return Settings(
+            device=DEVICES[device],
+            pool_cores=1,
+            max_new_tokens=4,
+            prompt="p",
+            model_timeout=60.0,
+            results_dir=Path("out"),
+            compile_backend="inductor",
+            reference_dtype=None,
+            allow_remote_code=False,
+            stack=replace(current_stack(), neuronx_cc=compiler),
+            compile_cache=Path("/base"),
+        )
+
+    neuron = device_run_env(settings("neuron", "2.16.0.0+1a2b3c4d"), {}, {"NEURON_RT_VISIBLE_CORES": "4"})
+    assert neuron["TORCH_NEURONX_NEFF_CACHE_DIR"] == "/base/neuronxcc-2.16.0.0+1a2b3c4d"
+    assert device_run_env(settings("cpu", "none"), {}, {})["TORCHINDUCTOR_CACHE_DIR"] == "/base"

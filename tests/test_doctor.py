@@ -36,6 +36,7 @@ CPU_NOT_APPLICABLE = {
     "exclusive": "not exclusive by the table",
     "compiler": "compiler_version_expr is None",
     "fallback-ops": "fallback_ops_expr is None",
+    "core-ids": "owners_command is None",
 }
 #: Checks that need a device: with none there they must say NOT RUN, never OK.
 DEVICE_CHECKS = ["slice", "bf16", "two-processes", "compile", "compile-cache", "process-group", "generation"]
@@ -73,7 +74,7 @@ def test_cpu_passes_every_check_that_applies_and_says_why_the_rest_do_not(tmp_pa
     for check in CHECKS:
         assert check.name.split()[0] in table, check.name
     lines = proc.stdout.strip().splitlines()
-    assert lines[-1] == "doctor: 9 OK, 0 FAIL, 5 N/A on cpu", lines[-1]
+    assert lines[-1] == "doctor: 9 OK, 0 FAIL, 6 N/A on cpu", lines[-1]
 
     report = json.loads(out.read_text())
     assert report["passed"] is True and report["device"] == "cpu"
@@ -111,7 +112,7 @@ def test_cuda_without_a_gpu_fails_at_the_device_and_runs_nothing_that_needs_one(
     # What the cuda row rules out is still N/A by the table, not NOT RUN: cuda shares a GPU.
     assert found["exclusive"]["status"] == NA and "CUDA_VISIBLE_DEVICES" in found["exclusive"]["found"]
     assert json.loads(out.read_text())["passed"] is False
-    assert proc.stdout.strip().splitlines()[-1] == "doctor: 1 OK, 1 FAIL, 4 N/A, 8 NOT RUN on cuda"
+    assert proc.stdout.strip().splitlines()[-1] == "doctor: 1 OK, 1 FAIL, 5 N/A, 8 NOT RUN on cuda"
     assert "scripts and logs of the checks: " in proc.stdout
 
 
@@ -303,3 +304,97 @@ def test_rows_record_the_self_check_the_session_found_with_its_results(
     (out / "doctor.json").write_text(json.dumps({**report, "device": "neuron"}))
     pytester.runpytest_subprocess("--device=cpu", f"--results-dir={out}").assert_outcomes(passed=1)
     assert pd.isna(pd.read_parquet(out / "data").iloc[0].self_check)
+
+
+def test_the_device_check_counts_neuron_cores_without_reading_unpinned_properties(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Doctor check 2 used to read get_device_properties(0) unpinned: nrt_init over every core of the host.
+    from test_devices import calls, fake_torch
+
+    from pytest_neuron_support.doctor import _Doctor
+
+    log = fake_torch(tmp_path, monkeypatch)
+    doctor = _Doctor(DEVICES["neuron"], timeout=120, work_dir=tmp_path, environ=dict(os.environ))
+    found, passed = doctor.check_device()
+    assert passed and found.startswith("64 reported"), found
+    assert "check 5 reads" in found and "24.0 GiB (LNC table)" in found, found
+    assert [c for c in calls(log) if c["call"] == "get_device_properties"] == [], calls(log)
+
+
+def test_a_wheel_without_the_cache_stats_api_generates_with_unknown_counters_and_the_doctor_says_so() -> None:
+    # The issue: the stats call is a private _C._ binding; where a wheel lacks it, run.py raised
+    # AttributeError before its first stage and every row was an ERROR at `load`.
+    kind = dataclasses.replace(DEVICES["cpu"], cache_stats_expr="torch._C._no_such_compilation_cache_stats()")
+    report = run_doctor(kind, timeout=900, only=["compile-cache", "generation"])
+    by_key = {c.key: c for c in report.checks}
+    generation, cache = by_key["generation"], by_key["compile-cache"]
+    assert generation.status == OK, generation.found
+    assert "persistent cache counters unknown (AttributeError" in generation.found, generation.found
+    assert cache.status == OK and "counters UNAVAILABLE on this wheel" in cache.found, cache.found
+    assert "_no_such_compilation_cache_stats" in cache.found, cache.found
+
+
+def trn2_listing(chips: int, cores_per_chip: int, held: dict[int, int] | None = None) -> list[dict[str, Any]]:
+    """``neuron-ls -j`` as a trn2 host prints it: one entry per chip (96 GiB of HBM), its cores' ids."""
+    listing = []
+    for chip in range(chips):
+        ids = list(range(chip * cores_per_chip, (chip + 1) * cores_per_chip))
+        device: dict[str, Any] = {
+            "neuron_device": chip,
+            "bdf": f"{0xCC + chip:02x}:00.0",
+            "nc_count": cores_per_chip,
+            "memory_size": 103079215104,
+            "neuroncore_ids": ids,
+        }
+        if held and chip in held:
+            device["neuron_processes"] = [{"pid": held[chip], "command": "python run.py"}]
+        listing.append(device)
+    return listing
+
+
+@pytest.mark.parametrize(
+    ("lnc", "listing", "count", "pool", "pinned", "passed", "says"),
+    [
+        # LNC=1: 8 cores a chip, to the runtime and to neuron-ls alike.
+        (1, trn2_listing(2, 8), 16, tuple(range(16)), None, True, "consistent"),
+        # LNC=2: 4 logical cores a chip, and neuron-ls lists logical ids too.
+        (2, trn2_listing(2, 4), 8, tuple(range(8)), None, True, "consistent"),
+        # A session given a slice: the runtime sees the slice, the listing the host.
+        (2, trn2_listing(4, 4), 8, tuple(range(8, 16)), "NEURON_RT_VISIBLE_CORES=8-15", True, "consistent"),
+        # LNC=2, but neuron-ls numbers the 8 physical cores a chip: owners would land on the wrong ids.
+        (2, trn2_listing(2, 8), 8, tuple(range(8)), None, False, "PHYSICAL cores (16 = 8 logical x LNC 2)"),
+        (1, trn2_listing(2, 8), 12, tuple(range(12)), None, False, "16 listed != 12 visible"),
+        (2, trn2_listing(2, 4), 4, tuple(range(8, 12)), "NEURON_RT_VISIBLE_CORES=8-11", False, "8-11 are not listed"),
+        # The session's own slice narrower than the runtime's variable: the runtime counts what its variable
+        # names, and that is consistent.
+        (2, trn2_listing(4, 4), 8, tuple(range(8, 12)), "NEURON_RT_VISIBLE_CORES=8-15", True, "consistent"),
+        (2, trn2_listing(4, 4), 4, tuple(range(8, 12)), "NEURON_RT_VISIBLE_CORES=8-15", False, "which names 8 core(s)"),
+    ],
+)
+def test_neuron_ls_core_ids_are_cross_checked_against_the_numbering_the_pinning_uses(
+    lnc: int,
+    listing: list[dict[str, Any]],
+    count: int,
+    pool: tuple[int, ...],
+    pinned: str | None,
+    passed: bool,
+    says: str,
+) -> None:
+    from pytest_neuron_support.doctor import core_numbering
+
+    found, ok = core_numbering(listing, count, pool, pinned, lnc)
+    assert ok is passed and says in found, found
+    assert f"device_count() = {count}" in found and f"LNC={lnc}" in found
+
+
+def test_the_core_id_check_runs_after_the_owners_listing_and_fails_with_the_numbers(tmp_path: Path) -> None:
+    # The listing numbers twice the cores the runtime counts, at LNC=2: physical ids where logical are pinned.
+    logical = os.cpu_count() or 1  # what the cpu row's count_expr reports in the doctor's probe
+    command = fake_owners_command(tmp_path, trn2_listing(1, 2 * logical))
+    kind = dataclasses.replace(DEVICES["cpu"], owners_command=command, max_pool=None)
+    environ = {**os.environ, "NEURON_LOGICAL_NC_CONFIG": "2", "NEURON_SUPPORT_VISIBLE_CORES": "0"}
+    report = run_doctor(kind, only={"core-ids"}, timeout=120, environ=environ)
+    row = {c.key: c for c in report.checks}["core-ids"]
+    assert row.status == FAIL and "MISMATCH" in row.found, row
+    assert f"neuron-ls numbers PHYSICAL cores ({2 * logical} = {logical} logical x LNC 2)" in row.found, row

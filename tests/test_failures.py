@@ -68,7 +68,7 @@ def test_failures_lists_signatures_by_the_models_they_block(tmp_path: Path) -> N
         err("org/a", OOM.format(gib=8), version="5.23.0", stamp="00"),
     ]
     write_rows(tmp_path / "results", rows)
-    done = cli("failures", cwd=tmp_path)  # RESULTS defaults to ./results
+    done = cli("failures", cwd=tmp_path)  # --results-dir defaults to ./results
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0].startswith("neuronxcc-none__transformers-5.24.0: 2 failure signature(s) block 4 of 5 model(s) ("), (
@@ -86,24 +86,26 @@ def test_failures_lists_signatures_by_the_models_they_block(tmp_path: Path) -> N
     # The example is the error as recorded (its head), not the normalised signature.
     assert "  e.g. org/a: run.py killed by SIGSEGV" in lines
     assert f"  e.g. org/d: {OOM.format(gib=2)}" in lines
-    older = cli("failures", str(tmp_path / "results"), "--stack", "neuronxcc-none__transformers-5.23.0")
+    older = cli(
+        "failures", "--results-dir", str(tmp_path / "results"), "--stack", "neuronxcc-none__transformers-5.23.0"
+    )
     assert older.returncode == 0, older.stderr
     assert listed(older.stdout) == {"load: OutOfMemory device: device memory exhausted": ["org/a"]}
 
 
 def test_failures_says_what_to_pass_for_a_missing_dataset_or_stack(tmp_path: Path) -> None:
-    missing = cli("failures", str(tmp_path / "nowhere"))
+    missing = cli("failures", "--results-dir", str(tmp_path / "nowhere"))
     assert missing.returncode == 2
     assert f"no dataset under {tmp_path / 'nowhere' / 'data'}" in missing.stderr
     assert "pass the --results-dir of a sweep" in missing.stderr
     write_rows(tmp_path / "results", [err("org/a", "MemoryError: ")])
-    unknown = cli("failures", str(tmp_path / "results"), "--stack", "neuronxcc-9__transformers-9")
+    unknown = cli("failures", "--results-dir", str(tmp_path / "results"), "--stack", "neuronxcc-9__transformers-9")
     assert unknown.returncode == 2
     assert "no stack neuronxcc-9__transformers-9" in unknown.stderr
     assert "pass one of: neuronxcc-none__transformers-5.24.0" in unknown.stderr
     clean = tmp_path / "clean"
     write_rows(clean, [Row(model_id="org/a", result="PASS", library_version="5.24.0")])
-    nothing = cli("failures", str(clean))
+    nothing = cli("failures", "--results-dir", str(clean))
     assert nothing.returncode == 0, nothing.stderr
     assert nothing.stdout.startswith(
         "neuronxcc-none__transformers-5.24.0: 0 failure signature(s) block 0 of 1 model(s)"
@@ -201,7 +203,7 @@ def test_a_sweep_with_two_planted_faults_prints_two_signatures_and_diff_sees_the
         "tiny-random/smollm3": NEFF_SIGNATURE,
     }
 
-    done = cli("failures", "out", cwd=pytester.path)
+    done = cli("failures", "--results-dir", "out", cwd=pytester.path)
     assert done.returncode == 0, done.stderr
     assert "2 failure signature(s) block 4 of 4 model(s)" in done.stdout.splitlines()[0]
     assert listed(done.stdout) == {

@@ -16,7 +16,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from faultkit import TAG_VAR, assert_outcomes, own_processes, record_tree, recorded, session_rows, survivors
+from faultkit import (
+    TAG_VAR,
+    alive_at_report,
+    assert_outcomes,
+    own_processes,
+    record_tree,
+    recorded,
+    report_alive_conftest,
+    session_rows,
+    survivors,
+)
 
 from pytest_neuron_support.execution import run_script
 
@@ -219,3 +229,45 @@ def test_a_failed_outcome_check_lists_the_sessions_rows_and_a_met_one_is_silent(
     assert session_rows(tmp_path, failed_only=True) == "tiny-random/olmo2: ERROR at load: RankDied: rank 3"
     with pytest.raises(AssertionError, match="no rows in"):
         assert_outcomes(result, tmp_path / "missing", failed=1)
+
+
+# Loads the report-alive conftest as a module and reports ``count`` call phases through its hook, as
+# an xdist worker's session does; once loaded it says so (argv[4]/<pid>), and it starts reporting when
+# the file named by argv[3] appears, so that all of them report at the same moments.
+REPORTER = textwrap.dedent(
+    """
+    import importlib.util, os, sys, time, types
+    spec = importlib.util.spec_from_file_location("report_alive", sys.argv[1])
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    open(os.path.join(sys.argv[4], str(os.getpid())), "w").close()
+    while not os.path.exists(sys.argv[3]):
+        time.sleep(0.001)
+    for i in range(int(sys.argv[2])):
+        module.pytest_runtest_logreport(types.SimpleNamespace(when="call", nodeid=f"{os.getpid()}::{i}"))
+    """
+)
+
+
+def test_reports_written_at_once_by_several_workers_are_all_kept(tmp_path: Path, started: list) -> None:
+    """Each worker's item reports land in one folder at the same moments: none may take another's
+    file name (a name counted from the folder's listing could) or be read half-written."""
+    record = tmp_path / "record"
+    env = {**os.environ, **record_tree(record)}
+    conftest = tmp_path / "report_alive.py"
+    conftest.write_text(report_alive_conftest())
+    go, ready, workers, each = tmp_path / "go", tmp_path / "ready", 4, 100
+    ready.mkdir()
+    procs = [start(started, REPORTER, str(conftest), str(each), str(go), str(ready), env=env) for _ in range(workers)]
+    deadline = time.monotonic() + 60
+    while len(list(ready.iterdir())) < workers and time.monotonic() < deadline:
+        time.sleep(0.05)
+    go.touch()
+    for proc in procs:
+        assert proc.wait(timeout=60) == 0
+    reports = [json.loads(path.read_text()) for path in (record / "reports").glob("*.json")]
+    expected = {f"{proc.pid}::{i}" for proc in procs for i in range(each)}
+    assert sorted(r["nodeid"] for r in reports) == sorted(expected)
+    assert not list((record / "reports").glob(".*.tmp"))
+    # Found by its node id, whatever its file is called: the reporter itself was alive when it reported.
+    assert procs[0].pid in {r.pid for r in alive_at_report(record, f"{procs[0].pid}::7")}

@@ -76,9 +76,13 @@ def test_an_unreachable_hub_is_a_load_error_not_a_hang(
     rows = pd.read_parquet(pytester.path / "out" / "data").set_index("model_id")
     planned, sized = rows.loc["nobody/anything"], rows.loc["nobody/sized"]
     assert (planned.result, planned.failure_stage) == ("ERROR", "plan"), planned.error
-    assert "'cores: N'" in planned.error, planned.error
-    # One reachability check up front: the row names the endpoint and what it answered.
-    assert planned.error.endswith(f"the Hub was not asked: {down}"), planned.error
+    # One reachability check up front: the row names the model, that it is not cached, and what the
+    # endpoint answered, in one short line.
+    assert planned.error == (
+        f"nobody/anything (revision main) is not in the local Hugging Face cache and the Hub cannot be asked"
+        f" ({down}); check the id, or download it where the Hub is reachable (hf download nobody/anything)"
+        " and rerun"
+    ), planned.error
     assert (sized.result, sized.failure_stage, sized.neuron_cores) == ("ERROR", "load", 1), sized.error
     assert "catalog override: 1 core(s), not inspected" in sized.plan_reason
     # The session's finding reached the run (through workerinput under xdist): it ran offline, so

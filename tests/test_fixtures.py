@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from faultkit import SITECUSTOMIZE, record_tree, recorded
 
 from pytest_neuron_support.catalog import load_catalog
 from pytest_neuron_support.cores import SLICE_ENV, CorePool
@@ -61,12 +62,42 @@ def test_more_cores_than_the_pool(neuron_cores):
 """
 
 
+#: Appended to faultkit's recorder: a process started as ``python <script>.py`` also keeps the bytes
+#: of that script as they were on disk when it started (``<pid>-<start>.script`` beside its record),
+#: i.e. the code that actually ran, whatever the harness wrote or kept afterwards.
+KEEP_SCRIPT = """
+
+def _keep_script():
+    where = _os.environ.get("NEURON_SUPPORT_TEST_RECORD")
+    argv = [a.decode(errors="replace") for a in open("/proc/self/cmdline", "rb").read().split(b"\\0") if a]
+    scripts = [a for a in argv[1:2] if a.endswith(".py")]
+    if not where or not scripts:
+        return
+    stat = open("/proc/self/stat").read()
+    start = stat[stat.rindex(")") + 2:].split()[19]
+    with open(_os.path.join(_os.getcwd(), scripts[0]), "rb") as handle:
+        data = handle.read()
+    tmp = _os.path.join(where, f".{_os.getpid()}.script.tmp")
+    with open(tmp, "wb") as handle:
+        handle.write(data)
+    _os.replace(tmp, _os.path.join(where, f"{_os.getpid()}-{start}.script"))
+
+try:
+    _keep_script()
+except OSError:
+    pass
+"""
+
+
 @pytest.mark.usefixtures("eager_compile")
 @pytest.mark.slow
 def test_a_users_own_tests_lease_cores_check_a_tiny_model_and_get_rows_under_xdist(
-    pytester: pytest.Pytester, offline_hub: Path
+    pytester: pytest.Pytester, offline_hub: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     pytester.makepyfile(test_mine=USER_TESTS)
+    record = tmp_path / "record"
+    for name, value in record_tree(record, SITECUSTOMIZE + KEEP_SCRIPT).items():
+        monkeypatch.setenv(name, value)
     result = pytester.runpytest_subprocess(
         "test_mine.py",
         "--device=cpu",
@@ -100,7 +131,12 @@ def test_a_users_own_tests_lease_cores_check_a_tiny_model_and_get_rows_under_xdi
     assert qwen.text.startswith(" the quick brown fox") and qwen.graphs_compiled >= 1 and qwen.compile_s > 0
     assert (qwen.judge_model, qwen.judge_verdict) == ("tiny-random/judge", "fluent")
     workdir = pytester.path / "out" / "runs" / "tests" / "test_mine.py--test_qwen3_continues_the_fox" / "cpu"
-    assert qwen.runscript == (workdir / "device" / "run.py").read_text()
+    # The row's run.py is the one that ran: the bytes the device run's interpreter found on disk as it started.
+    script = (workdir / "device" / "run.py").resolve()
+    device_runs = [r for r in recorded(record) if [Path(a).resolve() for a in r.argv[1:2]] == [script]]
+    assert len(device_runs) == 1, [(r.cwd, r.argv) for r in recorded(record)]
+    ran = record / "procs" / f"{device_runs[0].pid}-{device_runs[0].start}.script"
+    assert qwen.runscript == ran.read_text(encoding="utf-8")
     assert json.loads((workdir / "reference" / "result.json").read_text())["tokens"] == list(qwen.tokens)
     # The model's lease ended with its device run: the reference and the judge held no cores.
     assert qwen.lease_end - qwen.lease_start < qwen.run_s + 2.0
@@ -190,7 +226,7 @@ def test_model_marker_fields_become_the_spec() -> None:
         (("not a hub id",), {}, "not a Hub model id"),
         (("org/a",), {"temperature": 1}, "unknown field(s) temperature"),
         (("org/a",), {"task": "translation"}, "task='translation' is not allowed"),
-        (("org/a",), {"cores": 3}, "cores=3 is not allowed; use one of 1, 2, 4, 8, 16"),
+        (("org/a",), {"cores": 3}, "field 'cores': not an allowed core count (got 3); use one of 1, 2, 4, 8, 16"),
         (("org/a",), {"prompt": "  "}, "must be non-empty text"),
     ],
 )

@@ -58,9 +58,12 @@ def test_two_concurrent_sessions_over_one_slice_never_double_book_a_core(
     ), "the two sessions never ran at the same time: nothing was proven"
 
 
+# Every device run hangs once loaded; each process that gets there (run.py, or each rank of a sharded
+# run) first leaves a marker named by its pid in its working directory, so the test knows which
+# processes were loaded and alive when it sends the kill.
 HANG = """
 def pytest_neuron_support_post_load(config, model):
-    return "import time\\ntime.sleep(900)\\n"
+    return "import os, time\\nopen(f'loaded-{os.getpid()}', 'w').close()\\ntime.sleep(900)\\n"
 """
 
 
@@ -76,26 +79,33 @@ def test_a_sigkilled_session_leaves_no_run_or_rank_holding_cores(
         ),
     )
     session = subprocess.Popen(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--device=cpu", "--neuron-cores=2", *workers],
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--device=cpu", "--neuron-cores=4", *workers],
         cwd=pytester.path,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
     runs = pytester.path / "results" / "runs"
-    # Wait until the first device run is loaded and hanging: its run.py (and a sharded run's ranks) alive.
+    # Wait until the 2-core run's two ranks are loaded and hanging (it starts first: largest first), and
+    # under xdist, where the pool of 4 holds both at once, the 1-core run.py on the other worker too.
+    want = {"tiny-random--mistral": 2, **({"tiny-random--qwen3": 1} if workers else {})}
     deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        loaded = [p for p in own_processes(process_tag, under=runs) if "device" in p.cwd]
-        if len(loaded) >= 1 and list(runs.glob("*/cpu/device/log.txt")):
-            log = next(iter(runs.glob("*/cpu/device/log.txt"))).read_text()
-            if "stage=load" in log:
-                break
+    while True:
+        loaded = {
+            slug: sorted(int(p.name.split("-")[1]) for p in (runs / slug / "cpu" / "device").glob("loaded-*"))
+            for slug in want
+        }
+        if all(len(loaded[slug]) == n for slug, n in want.items()):
+            break
+        assert session.poll() is None, f"the session ended before its runs were loaded: {loaded}"
+        if time.monotonic() > deadline:
+            pytest.fail(f"the device runs never all reached the hang: {loaded}")
         time.sleep(0.5)
-    else:
-        pytest.fail("no device run started")
-    time.sleep(3)  # let a sharded run's ranks come up too
     before = own_processes(process_tag, under=runs)
-    assert before, "nothing was running"
+    alive = {p.pid: p for p in before}
+    # Every loaded process was alive when the kill went out, the sharded run's two as ranks: the
+    # check below is about them.
+    assert all(pid in alive for pids in loaded.values() for pid in pids), (loaded, before)
+    assert all("multiprocessing.spawn" in alive[pid].cmdline for pid in loaded["tiny-random--mistral"]), before
     session.send_signal(signal.SIGKILL)  # the pytest process only: no cleanup of any kind runs
     session.wait()
     # The kernel ends the rest: workers with their controller, run.py with its parent, ranks with run.py.

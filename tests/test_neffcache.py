@@ -7,6 +7,7 @@ root. So pull / push run a real subprocess exactly as they run the real CLI on a
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -101,18 +102,40 @@ def write(path: Path, data: bytes = b"NEFF\x00graph") -> Path:
     return path
 
 
+def key(seed: str) -> str:
+    """A C++ compilation-cache key as torch-neuronx spells it: 32 hex digits."""
+    return hashlib.md5(seed.encode()).hexdigest()
+
+
+def entry(cache: Path, seed: str) -> Path:
+    """Where torch-neuronx's C++ cache keeps ``seed``'s NEFF: ``<dir>/ab/cd/<key>.neff``."""
+    k = key(seed)
+    return cache / k[:2] / k[2:4] / f"{k}.neff"
+
+
+def kernel_entry(cache: Path, seed: str) -> Path:
+    """Where its Python kernels keep one: ``<dir>/<sha256>/<sha256>.neff``."""
+    digest = hashlib.sha256(seed.encode()).hexdigest()
+    return cache / digest / f"{digest}.neff"
+
+
 def cache_with_partials(cache: Path, outside: Path) -> list[Path]:
     """A cache as torch-neuronx leaves it mid-compile; returns its finished entries."""
-    finished = [write(cache / "ab" / "cd" / "abcd1234.neff"), write(cache / "12" / "34" / "1234beef.neff")]
-    write(cache / "ab" / "cd" / ".tmp.abc123")  # a write in flight
-    write(cache / "ab" / "cd" / "abcd5678.neff.tmp.abc123")
-    write(cache / "ab" / "cd" / ".tmp.def456.neff")
-    write(cache / "ab" / "ef" / "abef0000.neff", b"")  # created, never written
-    write(cache / ".tmp.dir" / "ab" / "abab0000.neff")  # inside a hidden (temporary) folder
-    write(cache / "ab" / "cd" / "abcd1234.neff.lock")
+    finished = [write(entry(cache, "one")), write(entry(cache, "two")), write(kernel_entry(cache, "kernel"))]
+    first = entry(cache, "one")
+    write(first.parent / ".tmp.abc123")  # a write in flight
+    write(first.with_name(first.name + ".tmp.abc123"))
+    write(first.parent / ".tmp.def456.neff")
+    write(entry(cache, "never-written"), b"")  # created, never written: torch-neuronx reads it as a miss
+    write(cache / ".tmp.dir" / entry(cache, "hidden").relative_to(cache))  # inside a hidden (temporary) folder
+    write(first.with_name(first.name + ".lock"))
     write(cache / "locks" / "abcd1234.lock")
+    write(cache / "ab" / "cd" / "abcd1234.neff")  # not a 32-hex key: not a path torch-neuronx looks up
+    k = key("misplaced")
+    write(cache / "00" / "00" / f"{k}.neff")  # a real key under the wrong shard folders
+    write(cache / "MODULE_0123456789abcdef" / "model.neff")  # libneuronxla's layout
     write(outside / "secret.neff", b"not the compiler's")
-    (cache / "ab" / "link.neff").symlink_to(outside / "secret.neff")
+    (first.parent / "link.neff").symlink_to(outside / "secret.neff")
     return sorted(finished)
 
 
@@ -133,9 +156,10 @@ def test_prefix_names_the_compiler_folder_with_its_local_label() -> None:
         "/stage",
         f"{BUCKET}/neuronxcc-{VERSION}",
     ]
-    # The viewer's copy-paste command is the same pull.
+    # The viewer's copy-paste command is the same pull, into the compiler's own folder.
     assert viewer.neff_sync_command(VERSION) == (
-        f"hf buckets sync hf://buckets/aws-neuron/torch-neuronx-neff-cache/neuronxcc-{VERSION} /tmp/neff_cache"
+        f"hf buckets sync hf://buckets/aws-neuron/torch-neuronx-neff-cache/neuronxcc-{VERSION}"
+        f" /tmp/neff_cache/neuronxcc-{VERSION}"
     )
     assert viewer.neff_sync_command("none") is None
 
@@ -163,31 +187,78 @@ def test_finished_entries_are_non_empty_neff_files_only(tmp_path: Path) -> None:
 def test_stage_links_finished_entries_keeping_relative_paths(tmp_path: Path) -> None:
     cache, staging = tmp_path / "cache", tmp_path / "staging"
     finished = cache_with_partials(cache, tmp_path / "elsewhere")
-    assert neffcache.stage(cache, staging) == 2
+    assert neffcache.stage(cache, staging) == 3
     staged = sorted(p for p in staging.rglob("*") if not p.is_dir())
     assert [p.relative_to(staging) for p in staged] == [p.relative_to(cache) for p in finished]
-    for entry in finished:
-        copy = staging / entry.relative_to(cache)
-        assert copy.read_bytes() == entry.read_bytes()
-        assert os.path.samefile(copy, entry)  # a hard link on one filesystem: nothing copied
+    for found in finished:
+        copy = staging / found.relative_to(cache)
+        assert copy.read_bytes() == found.read_bytes()
+        assert os.path.samefile(copy, found)  # a hard link on one filesystem: nothing copied
     with pytest.raises(neffcache.NeffCacheError, match="not empty"):
         neffcache.stage(cache, staging)  # whatever a staging folder holds would be published
 
 
-def test_pull_syncs_the_compiler_folder_and_counts_what_it_copied(hf: Hf, tmp_path: Path) -> None:
-    write(hf.folder() / "ab" / "cd" / "abcd1234.neff")
-    write(hf.folder() / "ef" / "01" / "ef012345.neff")
-    cache = tmp_path / "cache"
-    write(cache / "99" / "99" / "local.neff")  # compiled here, never published: a pull keeps it
-    report = neffcache.pull(VERSION, cache, BUCKET, hf=str(hf.path))
-    assert (report.before, report.after, report.copied) == (1, 3, 2)
-    assert report.prefix == f"{BUCKET}/neuronxcc-{VERSION}"
-    assert (cache / "ab" / "cd" / "abcd1234.neff").is_file() and (cache / "99" / "99" / "local.neff").is_file()
+def test_each_compiler_version_has_its_own_local_cache_which_runs_pull_and_push_share(tmp_path: Path) -> None:
+    from pytest_neuron_support.devices import DEVICES
+
+    base = tmp_path / "neff"
+    a, b = neffcache.local_cache_dir(base, "2.15.128.0+56dc5a86"), neffcache.local_cache_dir(base, "2.16.0.0+1a2b3c4d")
+    assert a == base / "neuronxcc-2.15.128.0+56dc5a86" and b == base / "neuronxcc-2.16.0.0+1a2b3c4d"
+    # The runs get the same folder (torch-neuronx's keys hold no compiler version); inductor's do, so
+    # cpu and cuda runs keep the directory they were given.
+    assert neffcache.run_cache_dir(DEVICES["neuron"], base, "2.16.0.0+1a2b3c4d") == b
+    assert neffcache.run_cache_dir(DEVICES["neuron"], base, "none") == base / "neuronxcc-unknown"
+    assert neffcache.run_cache_dir(DEVICES["cpu"], base, "none") == base
+    assert neffcache.run_cache_dir(DEVICES["cuda"], base, "2.16.0.0+1a2b3c4d") == base
+    with pytest.raises(neffcache.NeffCacheError, match="not a compiler version"):
+        neffcache.local_cache_dir(base, "../2.15.0")
+
+
+def test_pull_syncs_the_compiler_folder_into_its_local_cache_and_counts_what_it_copied(hf: Hf, tmp_path: Path) -> None:
+    write(entry(hf.folder(), "one"))
+    write(kernel_entry(hf.folder(), "kernel"))
+    base = tmp_path / "cache"
+    cache = neffcache.local_cache_dir(base, VERSION)
+    write(entry(cache, "local"))  # compiled here, never published: a pull keeps it
+    write(entry(base, "flat"))  # an unversioned cache from before: not this compiler's, not counted
+    report = neffcache.pull(VERSION, base, BUCKET, hf=str(hf.path))
+    assert (report.before, report.after, report.copied, report.foreign) == (1, 3, 2, ())
+    assert report.prefix == f"{BUCKET}/neuronxcc-{VERSION}" and report.cache_dir == cache
+    assert entry(cache, "one").is_file() and entry(cache, "local").is_file()
     assert hf.calls() == [{"argv": ["buckets", "sync", report.prefix, str(cache)], "token": False}]
 
 
+def test_a_pull_of_a_bucket_in_another_layout_names_what_torch_neuronx_would_never_read(hf: Hf, tmp_path: Path) -> None:
+    # The issue: any *.neff at any depth counted, so libneuronxla's MODULE_*/model.neff "pulled".
+    write(hf.folder() / "MODULE_8a1f2b3c4d5e6f70+4fe2a1b7" / "model.neff")
+    write(hf.folder() / "MODULE_8a1f2b3c4d5e6f70+4fe2a1b7" / "model.done", b"")
+    write(hf.folder() / "ab" / "cd" / "abcd1234.neff")  # sharded, but no 32-hex key
+    # A sync tool's own bookkeeping beside the entries is neither an entry nor a foreign file.
+    write(hf.folder() / ".cache" / "huggingface" / "sync" / "state.metadata")
+    base = tmp_path / "cache"
+    with pytest.raises(neffcache.NothingCopied, match="not a torch-neuronx cache") as foreign:
+        neffcache.pull(VERSION, base, BUCKET, hf=str(hf.path))
+    report = foreign.value.report
+    assert (report.after, report.copied) == (0, 0)
+    assert report.foreign == (
+        "MODULE_8a1f2b3c4d5e6f70+4fe2a1b7/model.done",
+        "MODULE_8a1f2b3c4d5e6f70+4fe2a1b7/model.neff",
+        "ab/cd/abcd1234.neff",
+    )
+    assert "3 file(s) not in a layout torch-neuronx reads" in str(foreign.value)
+    # Usable entries beside foreign files: the pull succeeds and names the foreign ones.
+    write(entry(hf.folder(), "one"))
+    report = neffcache.pull(VERSION, base, BUCKET, hf=str(hf.path))
+    assert (report.copied, report.foreign) == (1, ())  # the foreign files arrived last time, unchanged since
+    write(hf.folder() / "MODULE_ffff" / "model.neff")
+    write(entry(hf.folder(), "two"))
+    report = neffcache.pull(VERSION, base, BUCKET, hf=str(hf.path))
+    assert (report.copied, report.foreign) == (1, ("MODULE_ffff/model.neff",))
+    assert "1 file(s) not in a layout torch-neuronx reads" in report.describe()
+
+
 def test_a_pull_that_copies_nothing_says_so(hf: Hf, tmp_path: Path) -> None:
-    write(hf.folder() / "ab" / "cd" / "abcd1234.neff")
+    write(entry(hf.folder(), "one"))
     cache = tmp_path / "cache"
     # The distribution's version lacks the local label: a folder that does not exist, and hf is silent.
     with pytest.raises(neffcache.NothingCopied, match=r"copied nothing .* the cache is still empty") as empty:
@@ -202,18 +273,23 @@ def test_a_pull_that_copies_nothing_says_so(hf: Hf, tmp_path: Path) -> None:
     assert "copied nothing from hf://buckets/test-org/neff-cache/neuronxcc-2.15.128.0" in done.stderr
     done = hf.cli("pull", "--version", VERSION, "--bucket", BUCKET, TORCH_NEURONX_NEFF_CACHE_DIR=str(tmp_path / "env"))
     assert done.returncode == 0, done.stderr
-    assert (
-        f"pulled 1 entries from {BUCKET}/neuronxcc-{VERSION} into {tmp_path / 'env'} (it held 0, now 1)" in done.stdout
-    )
+    assert f"pulled 1 entries from {BUCKET}/neuronxcc-{VERSION} into {tmp_path / 'env'}" in done.stdout
+    assert entry(neffcache.local_cache_dir(tmp_path / "env", VERSION), "one").is_file()
     with pytest.raises(neffcache.SyncFailed, match="not found"):
         neffcache.pull(VERSION, cache, BUCKET, hf=str(tmp_path / "no-hf-here"))
 
 
-def test_push_publishes_only_finished_entries(hf: Hf, tmp_path: Path) -> None:
-    cache = tmp_path / "cache"
+def test_push_publishes_only_finished_entries_of_its_own_compiler(hf: Hf, tmp_path: Path) -> None:
+    base = tmp_path / "cache"
+    cache = neffcache.local_cache_dir(base, VERSION)
     finished = cache_with_partials(cache, tmp_path / "elsewhere")
-    report = neffcache.push(VERSION, cache, BUCKET, hf=str(hf.path))
-    assert (report.staged, report.ran, report.prefix) == (2, True, f"{BUCKET}/neuronxcc-{VERSION}")
+    # The issue: one fixed directory for every compiler, so a push after an upgrade published NEFFs the
+    # old compiler built under the new compiler's folder. Version A's and the flat cache's stay here.
+    older = neffcache.local_cache_dir(base, "2.14.0.0+00aa11bb")
+    write(entry(older, "built-by-the-old-compiler"))
+    write(entry(base, "flat-from-before"))
+    report = neffcache.push(VERSION, base, BUCKET, hf=str(hf.path))
+    assert (report.staged, report.ran, report.prefix) == (3, True, f"{BUCKET}/neuronxcc-{VERSION}")
     published = sorted(p.relative_to(hf.folder()) for p in hf.folder().rglob("*") if p.is_file())
     assert published == [p.relative_to(cache) for p in finished]
     (call,) = hf.calls()
@@ -221,12 +297,14 @@ def test_push_publishes_only_finished_entries(hf: Hf, tmp_path: Path) -> None:
     assert not Path(report.command[3]).exists()  # the staging folder is gone
     with pytest.raises(neffcache.NothingStaged, match="nothing to publish"):
         neffcache.push(VERSION, tmp_path / "empty-cache", BUCKET, hf=str(hf.path))
+    with pytest.raises(neffcache.NothingStaged, match="nothing to publish"):
+        neffcache.push("2.16.0.0+1a2b3c4d", base, BUCKET, hf=str(hf.path))  # B never stages A's
 
 
 def test_cli_push_needs_a_token_never_shows_it_and_dry_runs(hf: Hf, tmp_path: Path) -> None:
-    cache = tmp_path / "cache"
-    cache_with_partials(cache, tmp_path / "elsewhere")
-    common = ("--cache", str(cache), "--version", VERSION, "--bucket", BUCKET)
+    base = tmp_path / "cache"
+    cache_with_partials(neffcache.local_cache_dir(base, VERSION), tmp_path / "elsewhere")
+    common = ("--cache", str(base), "--version", VERSION, "--bucket", BUCKET)
 
     refused = hf.cli("push", *common)
     assert refused.returncode == 2 and "HF_TOKEN is not set" in refused.stderr
@@ -234,13 +312,13 @@ def test_cli_push_needs_a_token_never_shows_it_and_dry_runs(hf: Hf, tmp_path: Pa
 
     dry = hf.cli("push", *common, "--dry-run", token=TOKEN)
     assert dry.returncode == 0, dry.stderr
-    assert f"would run (staging folder is temporary): hf buckets sync {tmp_path}/neff-push-" in dry.stdout
-    assert dry.stdout.rstrip().endswith(f"2 finished entries staged from {cache} for {BUCKET}/neuronxcc-{VERSION}")
+    assert f"would run (staging folder is temporary): hf buckets sync {base}/neff-push-" in dry.stdout
+    assert dry.stdout.rstrip().endswith(f"3 finished entries staged from {base} for {BUCKET}/neuronxcc-{VERSION}")
     assert hf.calls() == []
 
     done = hf.cli("push", *common, token=TOKEN)
     assert done.returncode == 0, done.stderr
-    assert f"published 2 finished entries from {cache} to {BUCKET}/neuronxcc-{VERSION}" in done.stdout
+    assert f"published 3 finished entries from {base} to {BUCKET}/neuronxcc-{VERSION}" in done.stdout
     assert [call["token"] for call in hf.calls()] == [True]  # hf got the token, from the environment
     for output in (refused, dry, done):
         assert TOKEN not in output.stdout + output.stderr
@@ -253,3 +331,17 @@ def test_cli_refuses_to_guess_a_version_off_trainium(hf: Hf, tmp_path: Path) -> 
         assert done.returncode == 2
         assert f"neuron-support neff {command}: no neuronx-cc version ('none')" in done.stderr
     assert hf.calls() == []
+
+
+def test_a_neuron_session_without_neff_cache_uses_the_base_neff_pull_fills() -> None:
+    # Without --neff-cache a neuron run would compile into torch-neuronx's flat default while neff pull
+    # filled <base>/neuronxcc-<version>: the session takes the same default base the pull and push do.
+    from pytest_neuron_support.devices import DEVICES
+    from pytest_neuron_support.neffcache import DEFAULT_CACHE_DIR, session_cache_base
+
+    neuron, cpu = DEVICES["neuron"], DEVICES["cpu"]
+    assert session_cache_base(neuron, None, {}) == Path(DEFAULT_CACHE_DIR)
+    assert session_cache_base(neuron, None, {"TORCH_NEURONX_NEFF_CACHE_DIR": "/c"}) == Path("/c")
+    assert session_cache_base(neuron, Path("/given"), {"TORCH_NEURONX_NEFF_CACHE_DIR": "/c"}) == Path("/given")
+    assert session_cache_base(cpu, None, {"TORCHINDUCTOR_CACHE_DIR": "/i"}) is None  # inductor keeps its own
+    assert session_cache_base(cpu, Path("/given"), {}) == Path("/given")

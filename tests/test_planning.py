@@ -26,12 +26,15 @@ from pytest_neuron_support.planning import (
     DEFAULT_HEADROOM,
     DTYPE_BYTES,
     GIB,
+    TRN2_INSTANCES,
     ModelShape,
     Plan,
     PlanningError,
     count_safetensors_parameters,
     cpu_threads,
+    describe_plan,
     inspect_model,
+    instance_plan,
     is_expert_tensor,
     plan_cores,
     read_safetensors_header,
@@ -191,6 +194,44 @@ def test_expert_parallelism_keeps_the_dense_part_whole_on_every_core() -> None:
     # A catalog override that leaves each core over its memory is refused with the same arithmetic.
     refused = plan(jetmoe_shape(15 * GIB, dense=7 * GIB), override=2)
     assert refused.skip is not None and "does not fit memory" in refused.skip
+
+
+def test_a_plan_in_words_says_cores_sharding_memory_per_core_and_why() -> None:
+    # Llama-3.3-70B: 131.4 GiB of bf16 weights over tp=8: 16.4 GiB a core.
+    llama = plan(real_shape("meta-llama_Llama-3.3-70B-Instruct"))
+    assert llama.per_core_bytes == -(-llama.weight_bytes // 8)
+    assert describe_plan(llama) == f"8 core(s), tp=8 ep=1, 16.4 GiB per core: {llama.reason}"
+    # Expert parallelism: a core holds the dense part whole and its share of the experts (6 + 24 / 2 GiB).
+    experts = plan(jetmoe_shape(15 * GIB, dense=3 * GIB))
+    assert experts.per_core_bytes == 18 * GIB
+    assert describe_plan(experts).startswith("2 core(s), tp=1 ep=2, 18.0 GiB per core: ")
+    # A tiny model is not "0.0 GiB"; a skipped or uninspected one says why it does not run.
+    tiny = plan(ModelShape("qwen3", 4, 2, 0, True, 100_000, "given"))
+    assert describe_plan(tiny).startswith("1 core(s), tp=1 ep=1, 0.2 MiB per core: ")
+    skipped = plan(real_shape("deepseek-ai_DeepSeek-V3"))
+    assert describe_plan(skipped) == f"SKIPPED: {skipped.skip}" and skipped.per_core_bytes == 0
+    unknown = Plan(cores=0, tp_size=1, ep_size=1, reason="x", skip=None, weight_bytes=0, error="cannot inspect")
+    assert describe_plan(unknown) == "not planned: cannot inspect"
+    override = Plan(cores=2, tp_size=2, ep_size=1, reason="catalog override", skip=None, weight_bytes=0)
+    assert describe_plan(override) == "2 core(s), tp=2 ep=1, memory per core not known: catalog override"
+
+
+def test_each_trn2_size_is_planned_with_its_own_core_limit() -> None:
+    small, large = TRN2_INSTANCES
+    assert (small.name, small.cores, large.name, large.cores) == ("trn2.3xlarge", 4, "trn2.48xlarge", 64)
+    qwen = real_shape("Qwen_Qwen3-32B")  # 61 GiB of bf16 weights: 4 cores
+    assert instance_plan(qwen, small, dtype="bfloat16").cores == 4
+    llama = real_shape("meta-llama_Llama-3.3-70B-Instruct")
+    assert instance_plan(llama, small, dtype="bfloat16").skip == (
+        "needs 8 cores (131.4 GiB of bfloat16 weights at 18.0 usable GiB per core), more than the 4 cores of a "
+        "trn2.3xlarge"
+    )
+    assert instance_plan(llama, large, dtype="bfloat16").cores == 8
+    # The harness gives a model at most 16 cores, whatever the host has (--max-cores).
+    deepseek = instance_plan(real_shape("deepseek-ai_DeepSeek-V3"), large, dtype="bfloat16")
+    assert deepseek.skip is not None and deepseek.skip.endswith(
+        "more than the harness's 16 cores per model (--max-cores; a trn2.48xlarge has 64)"
+    )
 
 
 def test_expert_parameters_are_counted_by_tensor_name_and_estimated_from_a_config() -> None:

@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("eager_compile")]
 
 
 def _status(cwd: Path, results: str) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "pytest_neuron_support.cli", "status", results]
+    command = [sys.executable, "-m", "pytest_neuron_support.cli", "status", "--results-dir", results]
     return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=60)
 
 

@@ -5,12 +5,22 @@ model whose settings changed, and --parity near-tie passes a real near-tie that 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import pytest
 from faultkit import assert_outcomes, catalog
+from ties import TieModel, build_tie_model
+
+from pytest_neuron_support import zoo
+from pytest_neuron_support.zoo.hubcache import install_snapshot
+
+# benchmarks/ is a directory of scripts, not a package: import from it as the benchmarks themselves do.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+
+import faults
 
 pytestmark = pytest.mark.slow
 
@@ -51,63 +61,131 @@ def test_resume_reruns_a_model_whose_settings_changed(pytester: pytest.Pytester,
     assert (row["result"], row["max_new_tokens"], len(row["tokens"])) == ("PASS", 24, 24)
 
 
-# A natural near-tie of the tiny zoo, found by searching prompts (nothing planted): tiny-random/llama
-# in bfloat16 on this prompt picks token 381 at index 1 in the eager CPU reference, while the
-# compiled (inductor) device run picks 378, one bf16 logit step (2**-4 = 0.0625 nats) below 381 in
-# the reference's distribution and tied with it in the device's own. It diverges at index 1 for every
-# --max-new-tokens from 2 to 10. float32 has no such near-tie: there, compiled and eager logprobs
-# differ by ~4e-6 nats. A rebuilt zoo (new fingerprint) has other weights and needs a new prompt.
-NEAR_TIE_PROMPT = "Repeat after me: across carries busy."
-NEAR_TIE_EVIDENCE = {
-    "verdict_basis": "parity+teacher-forced",
-    "dtype": "bfloat16",
-    "reference_dtype": "bfloat16",
-    "repeat_identical": True,
-    "reference_match": False,
-    "near_tie": True,
-    "matched_prefix": 1,
-    "first_divergence": 1,
-    "device_token": 378,
-    "reference_token": 381,
-    "logprob_gap": 0.0625,
-    "cpu_check": "ran",
-    "positions_checked": 4,
-    "positions_disagreeing": 1,  # past the divergence the device's own tokens are the CPU's top-1
-    "first_disagreement": 1,
-    "disagreement_device_token": 378,
-    "disagreement_cpu_token": 381,
-    "disagreement_rank": 1,
-    "disagreement_deficit": 0.0625,
-    "max_logprob_deficit": 0.0625,
-    "disagreements_near_tie": True,
-}
+# Near-ties of known size at known positions (tests/ties.py): in a checkpoint whose CPU run has, at
+# generation step TIE_AT, its top-1 only SMALL_GAP nats above its runner-up (BIG_GAP everywhere else),
+# a device fault (the post-load hook) picks the runner-up at the steps below. The near-tie rule measures
+# a miss in the CPU's distribution, so the size of each miss is the checkpoint's, known by construction;
+# nothing depends on how this machine's CPU rounds. float32 keeps the gaps exact to about 1e-6 nats.
+TIE_AT, BIG_AT = 3, 5
+SMALL_GAP, BIG_GAP = 0.125, 4.0  # well inside and far outside the 0.5-nat near-tie tolerance
+TOKENS = 8
+FLIPS = {"tie-test/small": (TIE_AT,), "tie-test/big": (BIG_AT,), "tie-test/both": (TIE_AT, BIG_AT)}
 
 
-def test_near_tie_parity_passes_a_real_near_tie_that_exact_parity_fails(
-    pytester: pytest.Pytester, offline_hub: Path
-) -> None:
-    entry = f"{{id: tiny-random/llama, task: text-generation, dtype: bfloat16, prompt: {json.dumps(NEAR_TIE_PROMPT)}}}"
-    pytester.makefile(".yaml", models=f"models:\n  - {entry}\n")
-    # 4 tokens: the divergence at index 1 and two device tokens after it for the teacher-forced check.
-    # No reference cache: each session runs its own CPU reference and check, so neither verdict
-    # rests on evidence the other session left behind.
-    args = ("--device=cpu", "--max-new-tokens=4", "--reference-cache=none", "-p", "no:cacheprovider")
-    rows: dict[str, dict[str, Any]] = {}
-    for parity, outcome in (("exact", {"failed": 1}), ("near-tie", {"passed": 1})):
+def _tie_sessions(pytester: pytest.Pytester, zoo_cache: Path, scratch: Path) -> tuple[TieModel, dict[str, Any]]:
+    """Both parity modes over the three planted runs; (the checkpoint, {mode: {model: row}})."""
+    tie = build_tie_model(zoo_cache, scratch / "tie", zoo.TINY_PROMPT, TOKENS, {TIE_AT: SMALL_GAP}, BIG_GAP)
+    hub = scratch / "hub"
+    for repo in FLIPS:
+        install_snapshot(hub, repo, tie.path)
+    sources = {
+        repo: faults.logits_fault(f"    return _second_best(scores) if step in {steps!r} else scores\n")
+        for repo, steps in FLIPS.items()
+    }
+    pytester.makeconftest(
+        f"SOURCES = {sources!r}\n\n\ndef pytest_neuron_support_post_load(config, model):\n"
+        "    return SOURCES.get(model.id)\n"
+    )
+    prompt = json.dumps(zoo.TINY_PROMPT)
+    entries = "".join(
+        f"  - {{id: {repo}, task: text-generation, dtype: float32, prompt: {prompt}}}\n" for repo in FLIPS
+    )
+    pytester.makefile(".yaml", models="models:\n" + entries)
+    args = ("--device=cpu", f"--max-new-tokens={TOKENS}", "--reference-cache=refs", "-p", "no:cacheprovider")
+    rows: dict[str, Any] = {}
+    for parity, outcome in (("exact", {"failed": 3}), ("near-tie", {"passed": 1, "failed": 2})):
         result = pytester.runpytest_subprocess(*args, f"--results-dir={parity}", f"--parity={parity}")
-        [rows[parity]] = pd.read_parquet(pytester.path / parity / "data").to_dict("records")
-        if parity == "exact" and rows[parity]["result"] == "PASS" and rows[parity]["reference_match"]:
-            # The tie is one bf16 step: a CPU whose vector kernels round the other way (another
-            # instruction set) gives the CPU's token. That is no near-tie to test, not a pass of it.
-            pytest.skip(f"no near-tie on this CPU: compiled and eager agree on {NEAR_TIE_PROMPT!r}")
         assert_outcomes(result, pytester.path / parity, **outcome)
-        evidence = {key: rows[parity][key] for key in NEAR_TIE_EVIDENCE}
-        assert evidence == NEAR_TIE_EVIDENCE, (parity, evidence, rows[parity]["error"])
+        rows[parity] = pd.read_parquet(pytester.path / parity / "data").set_index("model_id").to_dict("index")
+    return tie, rows
+
+
+@pytest.mark.usefixtures("eager_compile")
+def test_near_tie_parity_passes_a_planted_small_tie_and_fails_a_big_one(
+    pytester: pytest.Pytester,
+    offline_hub: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    scratch = tmp_path_factory.mktemp("ties")
+    monkeypatch.setenv("HF_HUB_CACHE", str(scratch / "hub"))  # the sessions load the tie checkpoints only
+    tie, rows = _tie_sessions(pytester, offline_hub, scratch)
+    c = tie.cycle
+    assert tie.tokens == c[:TOKENS] and tie.gaps[TIE_AT] == SMALL_GAP
+    # What the device decoded: the cycle, skipping one token at each planted step.
+    decoded = {
+        "tie-test/small": [*c[:3], *c[4:9]],
+        "tie-test/big": [*c[:5], *c[6:9]],
+        "tie-test/both": [*c[:3], c[4], c[5], *c[7:10]],
+    }
+    for parity in ("exact", "near-tie"):
+        for repo, tokens in decoded.items():
+            row = rows[parity][repo]
+            assert list(row["tokens"]) == tokens and list(row["reference_tokens"]) == list(tie.tokens), (parity, repo)
+            assert (row["verdict_basis"], row["dtype"], row["repeat_identical"]) == (
+                "parity+teacher-forced",
+                "float32",
+                True,
+            )
     exact, near = rows["exact"], rows["near-tie"]
-    assert (exact["result"], exact["failure_stage"]) == ("FAIL", "parity")
-    assert "index 1 of 4 (device 378, reference 381, gap 0.0625 nats, a near-tie)" in exact["error"], exact["error"]
-    assert "all near-ties" in exact["error"], exact["error"]
-    assert near["result"] == "PASS"
-    assert pd.isna(near["failure_stage"]) and pd.isna(near["error"]), near["error"]
-    # The same device tokens both times: the verdicts differ by the mode alone.
-    assert list(near["tokens"]) == list(exact["tokens"]) and list(exact["reference_tokens"])[1] == 381
+    # Every session scored the device's own tokens in a teacher-forced pass of its own or the same pass cached.
+    assert {row["cpu_check"] for row in exact.values()} == {"ran"}, exact
+    assert {row["cpu_check"] for row in near.values()} == {"cached"}, near
+
+    # The small tie: exact parity FAILs at the planted index, both checks call it a near-tie, and the
+    # near-tie mode PASSes it.
+    small = exact["tie-test/small"]
+    assert (small["result"], small["failure_stage"], small["reference_match"]) == ("FAIL", "parity", False)
+    assert (small["first_divergence"], small["matched_prefix"], small["near_tie"]) == (TIE_AT, TIE_AT, True)
+    assert (small["device_token"], small["reference_token"]) == (c[TIE_AT + 1], c[TIE_AT])
+    assert small["logprob_gap"] == pytest.approx(SMALL_GAP, abs=1e-5)
+    assert (small["positions_checked"], small["positions_disagreeing"], small["first_disagreement"]) == (
+        TOKENS,
+        1,
+        TIE_AT,
+    )
+    assert (small["disagreement_device_token"], small["disagreement_cpu_token"]) == (c[TIE_AT + 1], c[TIE_AT])
+    assert small["disagreement_rank"] == 1 and small["disagreements_near_tie"] == True  # noqa: E712 (numpy bool)
+    assert small["disagreement_deficit"] == pytest.approx(SMALL_GAP, abs=1e-5)
+    assert f"at index {TIE_AT} of {TOKENS} (device {c[TIE_AT + 1]}, reference {c[TIE_AT]}, gap 0.12" in small["error"]
+    assert (
+        f"teacher-forced CPU check: 1 of {TOKENS} device tokens are not the CPU top-1; first at position {TIE_AT} of"
+        in small["error"]
+    )
+    assert "all near-ties" in small["error"], small["error"]
+    assert near["tie-test/small"]["result"] == "PASS"
+    assert pd.isna(near["tie-test/small"]["failure_stage"]) and pd.isna(near["tie-test/small"]["error"])
+
+    # The big one: no near-tie by either check, a FAIL in both modes.
+    for mode, big in (("exact", exact["tie-test/big"]), ("near-tie", near["tie-test/big"])):
+        assert (big["result"], big["failure_stage"], big["first_divergence"], big["near_tie"]) == (
+            "FAIL",
+            "parity",
+            BIG_AT,
+            False,
+        ), mode
+        assert big["logprob_gap"] == pytest.approx(BIG_GAP, abs=1e-5)
+        assert (big["positions_disagreeing"], big["first_disagreement"], big["disagreement_rank"]) == (1, BIG_AT, 1)
+        assert big["disagreement_deficit"] == pytest.approx(BIG_GAP, abs=1e-5)
+        assert big["disagreements_near_tie"] == False  # noqa: E712 (numpy bool)
+        assert f"at index {BIG_AT} of {TOKENS}" in big["error"] and f"first at position {BIG_AT} of" in big["error"], (
+            big["error"]
+        )
+
+    # Both: the free-running comparison stops at its first divergence, the small tie, and near-tie
+    # parity accepts that; only the one-core teacher-forced check sees the big miss after it.
+    for mode, both in (("exact", exact["tie-test/both"]), ("near-tie", near["tie-test/both"])):
+        assert (both["result"], both["failure_stage"], both["first_divergence"], both["near_tie"]) == (
+            "FAIL",
+            "parity",
+            TIE_AT,
+            True,
+        ), mode
+        assert (both["positions_disagreeing"], both["first_disagreement"], both["disagreement_rank"]) == (2, TIE_AT, 1)
+        assert both["max_logprob_deficit"] == pytest.approx(BIG_GAP, abs=1e-5)
+        assert both["disagreements_near_tie"] == False  # noqa: E712 (numpy bool)
+    error = near["tie-test/both"]["error"]
+    assert error.startswith(
+        f"teacher-forced CPU check: 2 of {TOKENS} device tokens are not the CPU top-1; first at position {TIE_AT} of"
+    ), error
+    assert "tokens differ from the CPU reference" not in error, error

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -250,8 +251,12 @@ def test_run_py_and_train_py_carry_the_one_common_code_inlined_once() -> None:
         "end_with_parent",
         "rank_entry",
         "RENDEZVOUS_TIMEOUT_S",
+        "ROOT_COMM_BASE",
+        "root_comm_port",
         "join_process_group",
         "spawn_ranks",
+        "first_failure",
+        "last_stage",
         "launch_ranks",
         # the entry point
         "main",
@@ -270,8 +275,30 @@ def test_run_py_and_train_py_carry_the_one_common_code_inlined_once() -> None:
         assert template(name).count(shared) == 1, name
 
 
-def test_rendering_with_the_common_code_is_deterministic() -> None:
-    assert rendered_scripts() == rendered_scripts()
+#: Renders :func:`rendered_scripts` in a fresh interpreter and prints them as JSON.
+RENDER_ELSEWHERE = (
+    "import json, sys; sys.path.insert(0, sys.argv[1]); import test_runscript; "
+    "print(json.dumps(test_runscript.rendered_scripts()))"
+)
+
+
+def test_rendering_with_the_common_code_is_deterministic(tmp_path: Path) -> None:
+    """The same spec gives the same bytes in another process: rows of separate sessions and workers
+    are compared by their run.py (a merged dataset against an unsharded one), and each process has
+    its own string hash seed (a set iterated in the rendering would order differently there, while
+    two renders in one process always agree)."""
+    renders = []
+    for seed in ("1", "2", "3"):
+        done = subprocess.run(
+            [sys.executable, "-c", RENDER_ELSEWHERE, str(Path(__file__).resolve().parent)],
+            capture_output=True,
+            check=True,
+            cwd=tmp_path,  # the package as installed, not a copy the current directory happens to hold
+            env={**os.environ, "PYTHONHASHSEED": seed},
+        )
+        renders.append(done.stdout)
+    assert renders[0] == renders[1] == renders[2]
+    assert json.loads(renders[0]) == rendered_scripts()  # and the same as this process renders
 
 
 def test_rendered_scripts_define_every_name_they_use(tmp_path: Path) -> None:

@@ -8,7 +8,8 @@ import pytest
 
 from pytest_neuron_support.caches import ReferenceCache, clean_compile_cache, reference_key
 from pytest_neuron_support.devices import DEVICES
-from pytest_neuron_support.records import current_stack
+from pytest_neuron_support.records import COLUMN_DOCS, Row, current_stack
+from pytest_neuron_support.rows import with_cache_counts
 from pytest_neuron_support.runscript import RunSpec
 from pytest_neuron_support.sharding import Shard, ShardError, assign, parse_shard, shard_from_env
 
@@ -84,3 +85,29 @@ def test_compile_cache_cleaning_removes_what_a_dead_writer_left_in_the_neff_layo
     assert done.exists() and writing.exists() and other.exists()
     assert not empty.exists() and not dead.exists()
     assert clean_compile_cache(tmp_path / "missing") == []
+
+
+def row() -> Row:
+    return Row(model_id="m", result="PASS", library_version="5.24.0", torch="2.13.0")
+
+
+def test_missing_cache_stats_are_unknown_in_the_row_never_zero() -> None:
+    # run.py's result when the wheel has no stats binding (templates/run.py cache_counts()).
+    missing = {"compile_cache": {"hits": None, "misses": None, "unavailable": "AttributeError: no _get_..."}}
+    unknown = with_cache_counts(row(), missing)
+    assert (unknown.persistent_cache_hits, unknown.persistent_cache_misses) == (None, None)
+    counted = with_cache_counts(row(), {"compile_cache": {"hits": 3, "misses": 0}})
+    assert (counted.persistent_cache_hits, counted.persistent_cache_misses) == (3, 0)
+
+
+def test_the_cache_counters_are_named_and_documented_for_what_each_device_counts() -> None:
+    # The issue: compile_cache_hits/misses said "compiled graphs", but on neuron they count every kernel
+    # that passes the persistent cache, the eager prefill's ops included.
+    assert "compile_cache_hits" not in COLUMN_DOCS and "compile_cache_misses" not in COLUMN_DOCS
+    hits = COLUMN_DOCS["persistent_cache_hits"]
+    assert "eager prefill" in hits and "FX-graph" in hits and "_get_compilation_cache_stats" in hits
+    assert "unknown, not zero" in COLUMN_DOCS["persistent_cache_misses"]
+    # Datasets written before the rename keep their counts.
+    before = {k: v for k, v in row().__dict__.items() if not k.startswith("persistent_cache_")}
+    old = Row.from_mapping({**before, "compile_cache_hits": 5, "compile_cache_misses": 1})
+    assert (old.persistent_cache_hits, old.persistent_cache_misses) == (5, 1)

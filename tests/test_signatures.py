@@ -389,9 +389,14 @@ def test_diff_of_signatures_counts_models_newly_blocked_and_unblocked() -> None:
         ("persisting", "load: OutOfMemory host: host memory exhausted", ("org/c",), ("org/b", "org/c")),
     ]
     # org/a passes now; org/b is blocked by another signature; org/d is newly blocked.
-    assert blocking_summary(changes) == (
+    assert blocking_summary(changes, {r.model_id for r in new}) == (
         "signatures: 1 appeared, 1 disappeared; 1 model(s) newly blocked, 1 model(s) unblocked, "
         "1 blocked by another signature now"
+    )
+    # org/a not in the new dataset at all: missing, not unblocked (nothing says it runs now).
+    assert blocking_summary(changes, {"org/b", "org/c", "org/d"}) == (
+        "signatures: 1 appeared, 1 disappeared; 1 model(s) newly blocked, 0 model(s) unblocked, "
+        "1 missing from the new dataset, 1 blocked by another signature now"
     )
 
 

@@ -95,8 +95,9 @@ def test_train_py_has_every_setting_written_in() -> None:
     assert isinstance(cpu, dict) and cpu["train_use_cpu"] is True
 
 
-def test_train_py_imports_only_torch_and_transformers_and_holds_no_token(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("HF_TOKEN", "hf_canary_train_py")
+def test_train_py_imports_only_torch_and_transformers_and_names_no_token() -> None:
+    # Whether a token in the environment reaches train.py's files, rows or logs is the end-to-end
+    # test's canary (below): render_train reads no environment, so a token set here would prove nothing.
     source = render_train(spec())
     roots = set()
     for node in ast.walk(ast.parse(source)):
@@ -106,7 +107,7 @@ def test_train_py_imports_only_torch_and_transformers_and_holds_no_token(monkeyp
             roots.add(node.module.split(".")[0])
     # accelerate is used by Trainer, never imported by the script itself.
     assert roots - set(sys.stdlib_module_names) == {"torch", "transformers"}
-    assert "hf_canary_train_py" not in source and "HF_TOKEN" not in source
+    assert "HF_TOKEN" not in source
 
 
 # --- the verdict ---------------------------------------------------------------------------------
@@ -237,7 +238,7 @@ def test_item_names_tell_the_checks_apart() -> None:
 
 
 def test_a_models_two_checks_are_two_rows(tmp_path: Path) -> None:
-    assert SCHEMA_VERSION == 7 and "train" in STAGES and "train-losses" in VERDICT_BASES
+    assert SCHEMA_VERSION == 8 and "train" in STAGES and "train-losses" in VERDICT_BASES
     assert COLUMN_TYPES["train_losses"] == "list<double>"
     inference = Row(model_id="org/a", result="PASS", library_version="5", timestamp="1")
     train = Row(
@@ -272,7 +273,8 @@ def test_a_models_two_checks_are_two_rows(tmp_path: Path) -> None:
 
 #: The planted fault, run by the device train.py right after loading (post-load hook): a gradient
 #: hook on the input embeddings that scales the gradient of the second backward pass, i.e. of
-#: optimizer step 2, by 100, once. The CPU side runs without it.
+#: optimizer step 2, by 100, once. The CPU side runs without it. It also prints the session's
+#: HF_TOKEN from inside train.py, as a library that logs its settings would: the canary below.
 FAULT = '''
 FAULT = """
 calls = {"n": 0}
@@ -280,6 +282,9 @@ def corrupt(grad):
     calls["n"] += 1
     return grad * 100.0 if calls["n"] == 2 else grad
 model.get_input_embeddings().weight.register_hook(corrupt)
+import os, sys
+print("canary-stdout:", os.environ.get("HF_TOKEN"), flush=True)
+print("canary-stderr:", os.environ.get("HF_TOKEN"), file=sys.stderr, flush=True)
 """
 
 
@@ -288,10 +293,15 @@ def pytest_neuron_support_post_load(config, model):
 '''
 
 
+#: A token in the session's environment: train.py's processes inherit it (the planted fault prints it).
+CANARY = "hf_CanaryTrainTokenDoNotLeak0123456789"
+
+
 @pytest.mark.slow
 def test_the_tiny_zoo_trains_on_cpu_and_a_corrupted_step_fails_at_that_step(
-    pytester: pytest.Pytester, offline_hub: Path, process_tag: str
+    pytester: pytest.Pytester, offline_hub: Path, process_tag: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("HF_TOKEN", CANARY)
     pytester.makeconftest(FAULT)
     pytester.makefile(
         ".yaml",
@@ -345,6 +355,12 @@ def test_the_tiny_zoo_trains_on_cpu_and_a_corrupted_step_fails_at_that_step(
 
     bad = df.loc["tiny-random/qwen3"]
     assert (bad.result, bad.failure_stage, bad.train_first_bad_step) == ("FAIL", "train", 2)
+    # The token reached train.py (it printed it) and was masked there: in no row, log, script or terminal.
+    log = (pytester.path / "out" / "runs" / "tiny-random--qwen3" / "cpu" / "train" / "device" / "log.txt").read_text()
+    assert "canary-stdout: ***" in log and "canary-stderr: ***" in log, log[-2000:]
+    assert CANARY not in df.to_csv() and CANARY not in result.stdout.str() + result.stderr.str()
+    leaked = [p for p in (pytester.path / "out").rglob("*") if p.is_file() and CANARY.encode() in p.read_bytes()]
+    assert leaked == []
     assert bad.signature == "train: loss diverged at step 2"
     assert bad.train_losses[0] == bad.cpu_train_losses[0]  # step 1 is clean on both sides
     assert bad.train_grad_norms[1] > 10 * bad.cpu_train_grad_norms[1]  # step 2's gradient is the corrupted one

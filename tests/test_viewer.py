@@ -9,6 +9,7 @@ real browser with networking switched off. A screenshot of the page is kept unde
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -33,6 +34,8 @@ ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
 CANARY = "hf_CanaryTokenDoNotLeak0123456789"
+#: The SHA-256 of the Authorization header a client sends with the canary (the loopback Hub keeps only that).
+BEARER = hashlib.sha256(f"Bearer {CANARY}".encode()).hexdigest()
 XSS = '<script>window.__xss = 1</script><img src=x onerror="window.__xss = 2">'
 
 OLD, NEW = "5.24.0", "5.25.0"
@@ -186,6 +189,8 @@ def site(dataset: Path) -> Path:
         )
         # One listing per (task, sort); the client may also ask for its own registry (agent-harnesses).
         listings = server.requests_to("/api/models")
+        # The token did leave the report for the Hub (so a page without it is one that kept it out).
+        assert {r.authorization_sha256 for r in listings} == {BEARER}, "the report sent the Hub no token"
         assert sorted((r.param("pipeline_tag"), r.param("sort")) for r in listings) == sorted(
             (task, sort)
             for task in ("text-generation", "image-text-to-text")
@@ -234,8 +239,8 @@ def test_embedded_data_joins_catalog_rows_and_hub(site: Path) -> None:
     beta = next(r for r in data["rows"] if r["model_id"] == "org/beta-7b" and r["library_version"] == NEW)
     assert beta["install"][-1] == f"pip install torch==2.9.0 transformers=={NEW} 'einops>=0.8'"
     assert (
-        beta["sync"]
-        == f"hf buckets sync hf://buckets/aws-neuron/torch-neuronx-neff-cache/neuronxcc-{CC} /tmp/neff_cache"
+        beta["sync"] == f"hf buckets sync hf://buckets/aws-neuron/torch-neuronx-neff-cache/neuronxcc-{CC}"
+        f" /tmp/neff_cache/neuronxcc-{CC}"
     )
 
 
@@ -250,6 +255,41 @@ def test_one_schema_drives_the_columns(site: Path) -> None:
 def test_tokens_appear_nowhere(site: Path) -> None:
     for path in site.iterdir():
         assert CANARY not in path.read_text(encoding="utf-8"), path
+
+
+# The Hub's user tokens look like the first; the second is a token of no known shape (an older org
+# token, a proxy's own): it is a secret because HF_TOKEN holds it, not because of how it looks.
+@pytest.mark.parametrize("token", [CANARY, "api_org_CanaryTokenDoNotLeak0123456789"], ids=["hf-shaped", "other"])
+def test_a_token_the_hub_echoes_back_reaches_no_file_or_output_of_the_report(
+    dataset: Path, tmp_path: Path, token: str
+) -> None:
+    """The canary on a path where it can leak: the report sends it to the Hub, and the Hub's error
+    answers quote it back (a proxy or an auth error that echoes its header). The page shows the error,
+    masked; no file the report writes and nothing it prints holds the token."""
+    with HubServer(HUB_MODELS) as server:
+        server.fail_with = 401
+        server.fail_path = "/api/models"
+        server.fail_message = f"Invalid credentials in Authorization header: Bearer {token}"
+        done = cli(
+            "report",
+            "--results-dir",
+            str(dataset / "results"),
+            "--models-file",
+            str(dataset / "models.yaml"),
+            "--out",
+            str(tmp_path / "site"),
+            "--hub-timeout",
+            "5",
+            env={**server.env(), "HF_TOKEN": token},
+        )
+        sent = {r.authorization_sha256 for r in server.requests_to("/api/models")}
+    assert done.returncode == 0, done.stderr
+    assert sent == {hashlib.sha256(f"Bearer {token}".encode()).hexdigest()}  # out it went; the answers quote it
+    shown = json.dumps(embedded(tmp_path / "site" / "index.html")["hub"])
+    assert re.search(r"Invalid credentials in Authorization header: Bearer (hf_)?\*\*\*", shown), shown[:2000]
+    assert token not in done.stdout + done.stderr
+    for path in (tmp_path / "site").iterdir():
+        assert token not in path.read_text(encoding="utf-8"), path
 
 
 def test_markup_in_data_cannot_close_the_script(site: Path) -> None:
@@ -380,9 +420,10 @@ def test_reproduction_of_a_neuron_row() -> None:
         f"pip install --extra-index-url {viewer.NEURON_PIP_INDEX} neuronx-cc=={CC} torch-neuronx==2.9.0.2.10",
         f"pip install torch==2.9.0 transformers=={NEW} einops",
     )
-    assert again.sync == f"hf buckets sync {viewer.NEFF_CACHE_BUCKET}/neuronxcc-{CC} /tmp/neff_cache"
+    assert again.sync == f"hf buckets sync {viewer.NEFF_CACHE_BUCKET}/neuronxcc-{CC} /tmp/neff_cache/neuronxcc-{CC}"
     assert again.run == (
-        "NEURON_RT_VISIBLE_CORES=0-3 TORCH_NEURONX_NEFF_CACHE_DIR=/tmp/neff_cache python3 run.py --out result.json"
+        f"NEURON_RT_VISIBLE_CORES=0-3 TORCH_NEURONX_NEFF_CACHE_DIR=/tmp/neff_cache/neuronxcc-{CC} python3 run.py"
+        " --out result.json"
     )
     assert again.sync in again.instructions() and again.run in again.instructions()
 
@@ -587,7 +628,8 @@ def test_model_detail_shows_runscript_and_how_to_rerun(page: Any) -> None:
     assert page.find_element(By.ID, "runscript").text == RUNSCRIPT.format(model="org/beta-7b").rstrip("\n")
     assert "einops>=0.8" in page.find_element(By.ID, "install").text
     assert page.find_element(By.ID, "sync").text == (
-        f"hf buckets sync hf://buckets/aws-neuron/torch-neuronx-neff-cache/neuronxcc-{CC} /tmp/neff_cache"
+        f"hf buckets sync hf://buckets/aws-neuron/torch-neuronx-neff-cache/neuronxcc-{CC}"
+        f" /tmp/neff_cache/neuronxcc-{CC}"
     )
     assert page.find_element(By.ID, "run").text.startswith("NEURON_RT_VISIBLE_CORES=0-3 ")
     assert "load_s 50.0 s · compile_s 300 s · generate_s 10.0 s · other 40.0 s" in detail.text  # the split
@@ -636,7 +678,7 @@ def test_failures_view_shows_the_table_the_cli_prints(browser: Any, tmp_path: Pa
     from selenium.webdriver.common.by import By
 
     write_rows(tmp_path / "results", failing_rows())
-    printed = cli("failures", str(tmp_path / "results"))
+    printed = cli("failures", "--results-dir", str(tmp_path / "results"))
     assert printed.returncode == 0, printed.stderr
     counts = dict((m.group(2), int(m.group(1))) for m in re.finditer(r"^(\d+) model\(s\)  (.+)$", printed.stdout, re.M))
     assert sorted(counts.values()) == [1, 2]

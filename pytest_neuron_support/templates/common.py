@@ -41,9 +41,15 @@ class NothingCompiledError(RuntimeError):
 
 
 def enter(stage):
-    """Record the stage; the harness reads the last marker if this process dies."""
+    """Record the stage; the harness reads the last marker if this process dies. A rank also keeps
+    it in a file of its own (WORLD["stage_file"]): the ranks share one log, so its last marker may be
+    another rank's, and the launcher must say which stage a rank that died without a result reached."""
     STAGE["name"] = stage
     print(f"[neuron-support] stage={stage}", file=sys.stderr, flush=True)
+    if "stage_file" in WORLD:
+        with open(f"{WORLD['stage_file']}.tmp", "w", encoding="utf-8") as handle:
+            handle.write(stage)
+        os.replace(f"{WORLD['stage_file']}.tmp", WORLD["stage_file"])
 
 
 def versions():
@@ -105,13 +111,20 @@ def run_and_write(out, rank=0):
     """Run the check in this process and write its JSON result to ``out``."""
     started = time.perf_counter()
     result = {"ok": False, "model": SPEC["model"], "device": SPEC["device"]["name"], "rank": rank}
+    ended = None
     try:
         result.update(run())
         result["ok"] = True
         enter("done")
-    except Exception as exc:
+    except BaseException as exc:
+        # SystemExit and KeyboardInterrupt are recorded too (a rank that just exited must not look
+        # like a later failure than its peers'), then end the process as they would have.
+        ended = None if isinstance(exc, Exception) else exc
         result.update(FACTS)
         result.update(
+            # When, on the host's clock: of a sharded run's failed ranks the first to fail is the cause
+            # (a peer blocked in a collective with it fails after it, "Connection closed by peer").
+            failed_at=time.time(),
             stage=STAGE["name"],
             error_type=type(exc).__name__,
             error=str(exc)[:4000],
@@ -125,6 +138,8 @@ def run_and_write(out, rank=0):
         result["cpu_threads"] = torch.get_num_threads()
     result["versions"] = versions()
     write_json(out, result)
+    if ended is not None:
+        raise ended
     return result
 
 
@@ -169,9 +184,18 @@ def rank_entry(rank, world, rendezvous, out):
         MASTER_ADDR="127.0.0.1",
     )
     pin = SPEC["device"]["core_env_var"]
+    root_comm = None
     if pin and os.environ.get(pin):
+        root_comm = root_comm_port(int(rank_core(os.environ[pin], 0)))  # the lease's first host core
         os.environ[pin] = rank_core(os.environ[pin], rank)
-    WORLD.update(size=world, rank=rank, rendezvous=rendezvous)
+    variable = SPEC["device"].get("root_comm_env")
+    WORLD.update(
+        size=world,
+        rank=rank,
+        rendezvous=rendezvous,
+        stage_file=f"{out}.rank{rank}.stage",
+        root_comm=(variable, root_comm) if variable and root_comm is not None else None,
+    )
     # A spawned rank imports this file afresh, so what main() set is not there (train.py puts the
     # Trainer's output_dir beside it; run.py does not read it).
     SPEC["out"] = out
@@ -188,46 +212,82 @@ def rank_entry(rank, world, rendezvous, out):
 #: How long a rank waits for rank 0's store (and the store for the ranks): torch's default
 #: process-group timeout. A rank 0 that dies ends the wait sooner: spawn_ranks stops the others.
 RENDEZVOUS_TIMEOUT_S = 1800
+#: The device runtime's root-communication ports (neuron: NEURON_RT_ROOT_COMM_ID), one per first core
+#: of a lease: above Linux's ephemeral range (32768-60999), so no port the kernel hands out (the c10d
+#: store's) is ever one of them.
+ROOT_COMM_BASE = 61100
 
 
-def join_process_group(dist, backend, rank, world, rendezvous):
+def root_comm_port(first_core):
+    """The runtime root-communication port of the sharded run whose lease starts at host core
+    ``first_core``. Leases are exclusive on the host, so two concurrent sharded runs never share a
+    first core, and never this port: torch-neuronx's own choice when the variable is unset is a port
+    picked free now and bound later by the runtime (get_free_port), which another run can take in
+    between."""
+    return ROOT_COMM_BASE + first_core
+
+
+def join_process_group(dist, backend, rank, world, rendezvous, root_comm=None):
     """``init_process_group`` over a store rank 0 hosts on a port the kernel picked for it.
 
     Picking a free port in the launcher and handing it over races: until rank 0 binds it, another
     run's rank can take it, and two concurrent sharded runs then fail, or worse, meet in one store.
     Here rank 0 binds port 0 itself and publishes the port it got in the ``rendezvous`` file (written
     whole, then renamed); the other ranks wait for the file. ``MASTER_ADDR``/``MASTER_PORT`` are set
-    to that store before the group starts (the Neuron docs ask for them on every rank)."""
+    to that store before the group starts (the Neuron docs ask for them on every rank).
+
+    ``root_comm``: ``(variable, port)`` of the device runtime's own root-communication address
+    (:func:`root_comm_port`), or None where the device has none (cpu, cuda). Rank 0 checks that the
+    port is free, publishes ``127.0.0.1:<port>`` beside the store's port, and every rank sets the
+    variable before the group starts (the backend keeps a value that is set)."""
     import datetime
+    import socket
 
     timeout = datetime.timedelta(seconds=RENDEZVOUS_TIMEOUT_S)
     if rank == 0:
+        address = None
+        if root_comm is not None:
+            with socket.socket() as probe:
+                # SO_REUSEADDR: the last run's connections lingering in TIME_WAIT on this lease's port do
+                # not make it taken; a process listening on it still does.
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                try:
+                    probe.bind(("127.0.0.1", root_comm[1]))
+                except OSError as exc:
+                    taken = f"{root_comm[0]}: port {root_comm[1]} is taken by another process ({exc})"
+                    raise RuntimeError(f"{taken}; free it, or lease other cores") from None
+            address = f"127.0.0.1:{root_comm[1]}"
         # wait_for_workers=False: the others can only connect after the port is published below.
         store = dist.TCPStore("127.0.0.1", 0, world, True, timeout=timeout, wait_for_workers=False)
         port = store.port
         with open(f"{rendezvous}.tmp", "w", encoding="utf-8") as handle:
-            handle.write(str(port))
+            json.dump({"store": port, "root_comm": address}, handle)
         os.replace(f"{rendezvous}.tmp", rendezvous)
     else:
         deadline = time.monotonic() + RENDEZVOUS_TIMEOUT_S
         while True:
             try:
                 with open(rendezvous, encoding="utf-8") as handle:
-                    port = int(handle.read())
+                    published = json.load(handle)
+                port, address = int(published["store"]), published["root_comm"]
                 break
-            except (OSError, ValueError):
+            except (OSError, ValueError, KeyError, TypeError):
                 if time.monotonic() > deadline:
                     waited = f"rank 0 published no store in {rendezvous} within {RENDEZVOUS_TIMEOUT_S} s"
                     raise TimeoutError(waited) from None
                 time.sleep(0.05)
         store = dist.TCPStore("127.0.0.1", port, world, False, timeout=timeout)
+    if root_comm is not None and address is not None:
+        os.environ[root_comm[0]] = address
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world, timeout=timeout)
 
 
-def spawn_ranks(world, out):
+def spawn_ranks(world, out, ended=None):
     """Start ``world`` ranks and wait for all of them; when one ends badly, stop the others (they
-    would wait in a collective for it). Returns how the first bad one ended, or None.
+    would wait in a collective for it). Returns how the first bad one ended, or None; ``ended``, a
+    list, gets every bad ending as ``{"rank", "at", "how", "stopped"}`` (``at``: when the launcher saw
+    it, on the host's clock; ``stopped``: the launcher had told that rank to stop).
 
     The standard library's spawn context, as torch.multiprocessing.spawn uses, without importing
     torch into this launcher: about 2 s of CPU saved per sharded run, and on neuron no device
@@ -246,37 +306,84 @@ def spawn_ranks(world, out):
         process.start()
     running = {process.sentinel: rank for rank, process in enumerate(ranks)}
     failure = None
+    stopped = set()
     while running:
         # Once the others were told to stop, a rank that ignores SIGTERM gets 30 s, then SIGKILL.
-        ended = wait(list(running), timeout=None if failure is None else 30)
-        if not ended:
+        ready = wait(list(running), timeout=None if failure is None else 30)
+        if not ready:
             for rank in running.values():
                 ranks[rank].kill()
             continue
-        for sentinel in ended:
+        seen = time.time()
+        for sentinel in ready:
             rank = running.pop(sentinel)
             ranks[rank].join()
             code = ranks[rank].exitcode
-            if code and failure is None:
-                how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+            if not code:
+                continue
+            how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+            if ended is not None:
+                ended.append({"rank": rank, "at": seen, "how": how, "stopped": rank in stopped})
+            if failure is None:
                 failure = f"rank {rank} terminated with {how}"
                 for other in running.values():
                     ranks[other].terminate()
+                    stopped.add(other)
     for done in (rendezvous, f"{rendezvous}.tmp"):
         if os.path.exists(done):
             os.remove(done)
     return failure
 
 
+def first_failure(results, ended):
+    """Which rank's failure caused the others' (its number), or None if none failed.
+
+    A rank that failed by itself fails first; its peers, blocked in a collective with it, fail after
+    it (gloo's "Connection closed by peer", a timeout), so rank 0's view is no guide. A rank killed by a
+    signal the launcher did not send (the host's OOM killer, a crash in native code) caused it: a peer
+    that merely lost it raises, it is not signalled. Otherwise the earliest failure on the host's clock
+    wins: a rank's own ``failed_at`` where it wrote a failed result, else when the launcher saw it end.
+    A rank that wrote a good result and then ended badly (a crash in teardown) is a cause only when no
+    rank failed before its result, and a rank the launcher stopped only when nothing else failed."""
+    own = [e for e in ended if not e["stopped"]]
+    signalled = [e for e in own if results[e["rank"]] is None and e["how"].startswith("signal ")]
+    if signalled:
+        return min(signalled, key=lambda e: e["at"])["rank"]
+    times = {}
+    for rank, result in enumerate(results):
+        if result is not None and not result["ok"]:
+            times[rank] = result.get("failed_at", float("inf"))
+    for event in own:
+        if results[event["rank"]] is None:
+            times.setdefault(event["rank"], event["at"])
+    if not times:
+        times = {e["rank"]: e["at"] for e in own} or {e["rank"]: e["at"] for e in ended}
+    return min(times, key=lambda rank: (times[rank], rank)) if times else None
+
+
+def last_stage(out, rank):
+    """The stage rank ``rank`` last entered (its stage file, :func:`enter`), or None."""
+    try:
+        with open(f"{out}.rank{rank}.stage", encoding="utf-8") as handle:
+            return handle.read().strip() or None
+    except OSError:
+        return None
+
+
 def launch_ranks(out):
-    """Start one rank per leased core, wait for all, and merge their results into ``out``."""
+    """Start one rank per leased core, wait for all, and merge their results into ``out``.
+
+    A failed run is named by the rank whose failure caused the others' (:func:`first_failure`), at
+    the stage that rank reached, whatever the other ranks saw after it; theirs follow as evidence."""
     world = SPEC["world_size"]
     for rank in range(world):
-        if os.path.exists(f"{out}.rank{rank}"):
-            os.remove(f"{out}.rank{rank}")
+        for path in (f"{out}.rank{rank}", f"{out}.rank{rank}.stage"):
+            if os.path.exists(path):
+                os.remove(path)
     started = time.perf_counter()
     enter("load")
-    failure = spawn_ranks(world, out)  # None, or how a rank ended; its own result says why
+    ended = []
+    failure = spawn_ranks(world, out, ended)  # None, or how a rank ended; its own result says why
     results = []
     for rank in range(world):
         try:
@@ -284,11 +391,12 @@ def launch_ranks(out):
                 results.append(json.load(handle))
         except (OSError, ValueError):
             results.append(None)
-    failed = [r for r in results if r is not None and not r["ok"]]
-    if failed:
-        merged = dict(failed[0])
-        merged["error"] = f"rank {merged['rank']}: {merged['error']}"
-    elif all(r is not None for r in results) and failure is None:
+    stages = [last_stage(out, rank) for rank in range(world)]
+    for rank in range(world):
+        if os.path.exists(f"{out}.rank{rank}.stage"):
+            os.remove(f"{out}.rank{rank}.stage")
+    cause = first_failure(results, ended)
+    if cause is None and all(r is not None and r["ok"] for r in results):
         merged = dict(results[0])
         # Each rank's allocator peak is its own core's: keep all of them, and the largest.
         memory = [r["peak_device_memory_bytes"] for r in results]
@@ -297,17 +405,31 @@ def launch_ranks(out):
         merged["peak_device_memory_bytes"] = max(known) if known else None
         merged["peak_host_rss_bytes"] = max(r["peak_host_rss_bytes"] for r in results)
         merge_rank_facts(merged, results)  # what only this script's results carry
+    elif cause is not None and results[cause] is not None and not results[cause]["ok"]:
+        merged = dict(results[cause])
+        merged["error"] = f"rank {cause}: {merged['error']}"
     else:
         missing = [rank for rank, r in enumerate(results) if r is None]
+        how = next((f"rank {e['rank']} terminated with {e['how']}" for e in ended if e["rank"] == cause), failure)
+        if cause is not None and results[cause] is not None:  # its result was good: it died after it
+            how = f"{how}, after writing a good result"
         merged = {
             "ok": False,
             "model": SPEC["model"],
             "device": SPEC["device"]["name"],
-            "stage": STAGE["name"],
+            # The stage the rank that died had reached; the launcher's own ("load") if it never said.
+            "stage": (stages[cause] if cause is not None else None) or STAGE["name"],
             "error_type": "RankDied",
-            "error": f"rank(s) {missing} died without a result: {failure}",
+            "error": f"rank(s) {missing} died without a result: {how}",
             "versions": versions(),
         }
+    others = [
+        f"rank {rank} then failed at {r['stage']}: {r['error_type']}: {r['error'][:300]}"
+        for rank, r in enumerate(results)
+        if rank != cause and r is not None and not r["ok"]
+    ]
+    if others:  # what the peers saw after the cause: evidence, not the verdict's reason
+        merged["error"] = f"{merged['error']}\n" + "\n".join(others)
     merged["world_size"] = world
     merged["wall_s"] = time.perf_counter() - started
     write_json(out, merged)

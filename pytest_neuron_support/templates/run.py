@@ -192,7 +192,14 @@ def run():
 
         # Before any seeding or device use: on neuron, seeding sizes the device generator table from
         # the cores visible at that moment, and a rank's device index is only right after this call.
-        join_process_group(dist, SPEC["device"]["dist_backend"], WORLD["rank"], WORLD["size"], WORLD["rendezvous"])
+        join_process_group(
+            dist,
+            SPEC["device"]["dist_backend"],
+            WORLD["rank"],
+            WORLD["size"],
+            WORLD["rendezvous"],
+            root_comm=WORLD["root_comm"],  # the runtime's own port, where the device has one (neuron)
+        )
     torch.manual_seed(0)
     enter("load")
     start = time.perf_counter()
@@ -291,16 +298,30 @@ def compiled_graphs(torch, counters, before):
             "'Compilation will be skipped'), so this run would have been eager"
         )
     after = cache_counts(torch, counters)
+    missing = after.get("unavailable") or before.get("unavailable")
+    if missing:
+        # Unknown, not zero: a wheel without the stats API must not read as "nothing was cached".
+        return graphs, {"hits": None, "misses": None, "unavailable": missing}
     return graphs, {key: after[key] - before[key] for key in after}
+
+
+#: What a wheel without the device's cache-stats API raises: the binding is private (neuron:
+#: ``torch_neuronx._C._get_compilation_cache_stats``) and absent from some wheels, or returns other keys.
+STATS_MISSING = (AttributeError, ImportError, KeyError)
 
 
 def cache_counts(torch, counters):
     """The persistent compile cache's hit and miss counters so far: the device's own (neuron: the
-    C++ CompilationCache's metrics, the on-disk NEFF cache torch.compile uses), else inductor's
-    FX-graph cache. Read in this process, so a sharded run reports rank 0's, once per run."""
-    stats = device_fact(torch, "cache_stats_expr")
-    if stats is not None:
-        return {"hits": int(stats["persistent_hits"]), "misses": int(stats["persistent_misses"])}
+    C++ CompilationCache's metrics, which count every kernel that passes the on-disk NEFF cache, the
+    eager prefill's ops included), else inductor's FX-graph cache. Read in this process, so a sharded
+    run reports rank 0's, once per run. A wheel without the stats API gives ``{"unavailable": why}``:
+    the counters are unknown, which must not turn a run that works into an ERROR."""
+    try:
+        stats = device_fact(torch, "cache_stats_expr")
+        if stats is not None:
+            return {"hits": int(stats["persistent_hits"]), "misses": int(stats["persistent_misses"])}
+    except STATS_MISSING as exc:
+        return {"unavailable": f"{type(exc).__name__}: {exc}"[:300]}
     return {
         "hits": int(counters["inductor"]["fxgraph_cache_hit"]),
         "misses": int(counters["inductor"]["fxgraph_cache_miss"]),

@@ -256,7 +256,14 @@ def run():
 
         # Before any seeding or device use (on neuron seeding sizes the generator table from the cores
         # visible at that moment, and a rank's device index is only right after this call).
-        join_process_group(dist, SPEC["device"]["dist_backend"], WORLD["rank"], WORLD["size"], WORLD["rendezvous"])
+        join_process_group(
+            dist,
+            SPEC["device"]["dist_backend"],
+            WORLD["rank"],
+            WORLD["size"],
+            WORLD["rendezvous"],
+            root_comm=WORLD["root_comm"],  # the runtime's own port, where the device has one (neuron)
+        )
     torch.manual_seed(SPEC["seed"])
     trainer, record = prepare(torch, facts)
     result = train(torch, trainer, record)

@@ -666,10 +666,20 @@ _VLM_SPEC: dict[str, Any] = {
 }
 
 
+def _installed(distribution: str) -> str:
+    """The installed version of ``distribution`` (metadata only: nothing is imported), or ``none``."""
+    from importlib import metadata
+
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return "none"
+
+
 def zoo_fingerprint() -> str:
     """Short hash of everything that defines the zoo: architectures, tokenizer and corpus, training
-    recipe, seeds, prompt and :data:`ZOO_VERSION`.  Stable across processes; changes when any of those
-    change."""
+    recipe, seeds, prompt, :data:`ZOO_VERSION` and the versions of the libraries that write it.  Stable
+    across processes; changes when any of those change."""
     spec = {
         "version": ZOO_VERSION,
         "org": ZOO_ORG,
@@ -694,6 +704,10 @@ def zoo_fingerprint() -> str:
         "judge": _JUDGE_SPEC,
         "judge_also_categories": {k: list(v) for k, v in _ALSO_CATEGORY.items()},
         "judge_question": _judge_question(),
+        # What writes the checkpoints: a config.json records the transformers version that saved it, so
+        # another release builds another zoo (another commit), and a venv of another release (.ci/upstream
+        # beside the pinned one) must not be handed this one.
+        "writers": {name: _installed(name) for name in ("transformers", "tokenizers", "safetensors")},
     }
     blob = json.dumps(spec, sort_keys=True, separators=(",", ":"), default=repr).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
