@@ -262,13 +262,16 @@ def report_alive_conftest() -> str:
 def alive_at_report(directory: Path, model_id: str) -> list[Recorded]:
     """The recorded processes alive when ``model_id``'s item reported (see :data:`REPORT_ALIVE`): the
     item whose node id is ``model_id`` or ends in ``[model_id]`` (``tiny-random/qwen3`` is not
-    ``tiny-random/qwen3_moe``'s). Fails if the item never reported, so a missing report is not read as
-    "none alive", and if several did, so the answer is never an arbitrary one of them."""
+    ``tiny-random/qwen3_moe``'s). Under xdist one item reports twice, on its worker and again on the
+    controller: what was alive at either moment counts, so no report can hide a live process. Fails if
+    the item never reported, so a missing report is not read as "none alive", and if two items match."""
     found = []
     for path in (directory / "reports").glob("*.json"):
         report = json.loads(path.read_text())
         if report["nodeid"] == model_id or report["nodeid"].endswith(f"[{model_id}]"):
             found.append(report)
     assert found, f"no report of {model_id} in {directory / 'reports'}"
-    assert len(found) == 1, f"{len(found)} reports of {model_id}: {[r['nodeid'] for r in found]}"
-    return [Recorded(r["pid"], r["ppid"], r["start"], r["cwd"], tuple(r["argv"])) for r in found[0]["alive"]]
+    nodeids = sorted({r["nodeid"] for r in found})
+    assert len(nodeids) == 1, f"{len(nodeids)} items match {model_id}: {nodeids}"
+    alive = {(r["pid"], r["start"]): r for report in found for r in report["alive"]}
+    return [Recorded(r["pid"], r["ppid"], r["start"], r["cwd"], tuple(r["argv"])) for r in alive.values()]
