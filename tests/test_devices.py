@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -31,19 +32,25 @@ def test_core_memory_without_a_device_figure_follows_the_logical_core_config() -
     assert fallback_core_bytes(DEVICES["cpu"], {"NEURON_LOGICAL_NC_CONFIG": "1"}) == 24 * GIB  # plans as a trn2 core
 
 
+def settings_on(device: str, **changes: Any) -> Settings:
+    """A session's settings on ``device`` with what these tests vary given as ``changes``."""
+    fields: dict[str, Any] = {
+        "device": DEVICES[device],
+        "pool_cores": 1,
+        "max_new_tokens": 4,
+        "prompt": "p",
+        "model_timeout": 60.0,
+        "results_dir": Path("out"),
+        "compile_backend": "inductor",
+        "reference_dtype": None,
+        "allow_remote_code": False,
+        "stack": current_stack(),
+    }
+    return Settings(**{**fields, **changes})
+
+
 def test_cpu_side_runs_are_unpinned_and_load_no_device_backend() -> None:
-    settings = Settings(
-        device=DEVICES["cpu"],
-        pool_cores=1,
-        max_new_tokens=4,
-        prompt="p",
-        model_timeout=60.0,
-        results_dir=Path("out"),
-        compile_backend="inductor",
-        reference_dtype=None,
-        allow_remote_code=False,
-        stack=current_stack(),
-    )
+    settings = settings_on("cpu")
     env = _cpu_env(settings, {"NEURON_RT_VISIBLE_CORES": "8-9", "CUDA_VISIBLE_DEVICES": "1", "HOME": "/h"})
     assert env == {"HOME": "/h", **NO_DEVICE_ENV} and env["TORCH_DEVICE_BACKEND_AUTOLOAD"] == "0"
 
@@ -176,19 +183,7 @@ def test_a_neuron_run_gets_its_compilers_own_cache_folder_and_a_cpu_run_the_base
     from pytest_neuron_support.pipeline import device_run_env
 
     def settings(device: str, compiler: str) -> Settings:
-        return Settings(
-            device=DEVICES[device],
-            pool_cores=1,
-            max_new_tokens=4,
-            prompt="p",
-            model_timeout=60.0,
-            results_dir=Path("out"),
-            compile_backend="inductor",
-            reference_dtype=None,
-            allow_remote_code=False,
-            stack=replace(current_stack(), neuronx_cc=compiler),
-            compile_cache=Path("/base"),
-        )
+        return settings_on(device, stack=replace(current_stack(), neuronx_cc=compiler), compile_cache=Path("/base"))
 
     neuron = device_run_env(settings("neuron", "2.16.0.0+1a2b3c4d"), {}, {"NEURON_RT_VISIBLE_CORES": "4"})
     assert neuron["TORCH_NEURONX_NEFF_CACHE_DIR"] == "/base/neuronxcc-2.16.0.0+1a2b3c4d"
