@@ -47,8 +47,8 @@ import yaml
 from _common import REPO, sweep, zoo_cache
 from faults import ENV_VAR, FAULT, FAULTS, HEALTHY, Fault, applies, conftest
 
-from pytest_neuron_support.settings import slug
-from pytest_neuron_support.tasks import GENERATION_TASKS
+from pytest_neuron_support.run.settings import slug
+from pytest_neuron_support.tasks.table import GENERATION_TASKS
 
 BENCH = Path(__file__).resolve().parent
 CATALOG = REPO / "models-tiny.yaml"

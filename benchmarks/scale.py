@@ -70,12 +70,9 @@ from pathlib import Path
 from typing import Any, Protocol
 from unittest import mock
 
-from pytest_neuron_support import cores as cores_module
-from pytest_neuron_support.catalog import load_catalog
-from pytest_neuron_support.cores import CorePool
-from pytest_neuron_support.devices import TRN2_LOGICAL_CORE_BYTES
-from pytest_neuron_support.pipeline import prior_seconds
-from pytest_neuron_support.planning import (
+from pytest_neuron_support.catalog.load import load_catalog
+from pytest_neuron_support.checks.pipeline import prior_seconds
+from pytest_neuron_support.planning.planner import (
     DEFAULT_HEADROOM,
     DEFAULT_MAX_CORES,
     GIB,
@@ -83,7 +80,10 @@ from pytest_neuron_support.planning import (
     Plan,
     plan_cores,
 )
-from pytest_neuron_support.scheduling import CostOrderScheduling
+from pytest_neuron_support.run import cores as cores_module
+from pytest_neuron_support.run.cores import CorePool
+from pytest_neuron_support.run.devices import TRN2_LOGICAL_CORE_BYTES
+from pytest_neuron_support.session.scheduling import CostOrderScheduling
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIGS = REPO / "tests" / "fixtures" / "configs"

@@ -21,7 +21,7 @@ def _default_hub_cache() -> Path:
 
 
 def _zoo_build(args: argparse.Namespace) -> int:
-    from . import zoo
+    from pytest_neuron_support import zoo
 
     names = args.only or None
     known = {a.name for a in zoo.ARCHS}
@@ -41,7 +41,7 @@ def _zoo_build(args: argparse.Namespace) -> int:
 
 
 def _show(args: argparse.Namespace) -> int:
-    from .dataset import named_test, read_dataset
+    from pytest_neuron_support.data.dataset import named_test, read_dataset
 
     rows = [r for r in read_dataset(Path(args.results_dir)) if r.model_id == args.model]
     if not rows:
@@ -65,7 +65,7 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _merge(args: argparse.Namespace) -> int:
-    from .dataset import read_dataset, recover_parts, write_rows
+    from pytest_neuron_support.data.dataset import read_dataset, recover_parts, write_rows
 
     target = Path(args.into)
     total = 0
@@ -83,7 +83,7 @@ def _merge(args: argparse.Namespace) -> int:
 
 
 def _diff(args: argparse.Namespace) -> int:
-    from .dataset import blocking_summary, diff_datasets, diff_signatures, read_dataset
+    from pytest_neuron_support.data.dataset import blocking_summary, diff_datasets, diff_signatures, read_dataset
 
     old_rows, new_rows = read_dataset(Path(args.old)), read_dataset(Path(args.new))
     changes = diff_datasets(old_rows, new_rows)
@@ -119,8 +119,8 @@ EXAMPLE_CHARS = 300
 
 def _failures(args: argparse.Namespace) -> int:
     """The failure signatures of one stack, by the number of models each blocks."""
-    from .dataset import DATA_DIR, read_rows
-    from .signatures import blockers, head
+    from pytest_neuron_support.data.dataset import DATA_DIR, read_rows
+    from pytest_neuron_support.data.signatures import blockers, head
 
     if _positional_results_dir(args, "failures"):
         return 2
@@ -162,7 +162,7 @@ def _failures(args: argparse.Namespace) -> int:
 
 def _catalog_extra_packages(models_file: str | None, model: str) -> tuple[str, ...]:
     """The catalog entry's extra_packages, when a catalog is at hand (a missing one costs nothing)."""
-    from .catalog import CatalogError, load_catalog
+    from pytest_neuron_support.catalog.load import CatalogError, load_catalog
 
     path = Path(models_file or "models.yaml")
     if not path.is_file():
@@ -175,8 +175,8 @@ def _catalog_extra_packages(models_file: str | None, model: str) -> tuple[str, .
 
 
 def _runscript(args: argparse.Namespace) -> int:
-    from .dataset import named_test, read_dataset, stack_stem
-    from .viewer import reproduction
+    from pytest_neuron_support.data.dataset import named_test, read_dataset, stack_stem
+    from pytest_neuron_support.viewer.report import reproduction
 
     results = Path(args.results_dir)
     rows = read_dataset(results)
@@ -245,7 +245,7 @@ def _runscript(args: argparse.Namespace) -> int:
 def _names_test(row: Any, test: str) -> bool:
     """``--test`` names this row's test: a user's test by its node id, a catalog item by its item name
     (``test_model[<id>]``) or by a node id ending in it (``models.yaml::test_model[<id>]``)."""
-    from .dataset import named_test
+    from pytest_neuron_support.data.dataset import named_test
 
     name = named_test(row)
     return test == name or (not row.test and test.endswith(f"::{name}"))
@@ -277,9 +277,9 @@ def _plan(args: argparse.Namespace) -> int:
     """Which trn2 sizes hold each model, on how many cores and why, and why not where it does not fit:
     the planner's own rules (:func:`.planning.instance_plan`) on what the cache or the Hub API says of
     the model, without downloading a weight."""
-    from . import hub
-    from .catalog import ModelSpec
-    from .planning import (
+    from pytest_neuron_support.catalog.load import ModelSpec
+    from pytest_neuron_support.data import hub
+    from pytest_neuron_support.planning.planner import (
         CORE_CHOICES,
         DTYPE_BYTES,
         TRN2_INSTANCES,
@@ -354,8 +354,8 @@ def _plan(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from .catalog import CatalogError, load_catalog
-    from .viewer import live_hub_view, no_hub_view, snapshot_hub_view, write_report
+    from pytest_neuron_support.catalog.load import CatalogError, load_catalog
+    from pytest_neuron_support.viewer.report import live_hub_view, no_hub_view, snapshot_hub_view, write_report
 
     catalog = None
     models_file = Path(args.models_file) if args.models_file else Path("models.yaml")
@@ -386,8 +386,8 @@ def _status(args: argparse.Namespace) -> int:
     """A sweep's progress from another shell: status.json of its results folder, and the host's leases."""
     import time
 
-    from .cores import CorePool, alive
-    from .progress import duration, read_status, status_lines
+    from pytest_neuron_support.run.cores import CorePool, alive
+    from pytest_neuron_support.session.progress import duration, read_status, status_lines
 
     if _positional_results_dir(args, "status"):
         return 2
@@ -431,8 +431,8 @@ def _status(args: argparse.Namespace) -> int:
 def _neff_target(args: argparse.Namespace, command: str) -> tuple[str, Path] | None:
     """The compiler version and cache directory a ``neff`` command works on, or None (after saying
     why) when no bucket folder can be named for them."""
-    from . import neffcache
-    from .devices import DEVICES, compiler_version
+    from pytest_neuron_support.run import neffcache
+    from pytest_neuron_support.run.devices import DEVICES, compiler_version
 
     version = args.version if args.version is not None else compiler_version(DEVICES["neuron"])
     try:
@@ -444,7 +444,7 @@ def _neff_target(args: argparse.Namespace, command: str) -> tuple[str, Path] | N
 
 
 def _neff_pull(args: argparse.Namespace) -> int:
-    from . import neffcache
+    from pytest_neuron_support.run import neffcache
 
     target = _neff_target(args, "pull")
     if target is None:
@@ -460,7 +460,7 @@ def _neff_pull(args: argparse.Namespace) -> int:
 
 
 def _neff_push(args: argparse.Namespace) -> int:
-    from . import neffcache
+    from pytest_neuron_support.run import neffcache
 
     target = _neff_target(args, "push")
     if target is None:
@@ -493,9 +493,9 @@ def _results_dir_option(parser: argparse.ArgumentParser, help: str, positional: 
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import neffcache  # stdlib only, like devices: cheap enough for --help
-    from .catalog import CHECKS
-    from .devices import DEVICES
+    from pytest_neuron_support.catalog.load import CHECKS
+    from pytest_neuron_support.run import neffcache  # stdlib only, like devices: cheap enough for --help
+    from pytest_neuron_support.run.devices import DEVICES
 
     parser = argparse.ArgumentParser(prog="neuron-support", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -620,7 +620,7 @@ def build_parser() -> argparse.ArgumentParser:
                 "--dry-run", action="store_true", help="stage and count, print the hf command, do not run it"
             )
         command.set_defaults(func=func)
-    from . import doctor
+    from pytest_neuron_support.doctor import doctor
 
     check = sub.add_parser("doctor", help="check on this host every assumption the harness makes about its device")
     doctor.add_arguments(check)

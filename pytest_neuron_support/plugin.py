@@ -22,16 +22,16 @@ import pytest
 
 # The suite's verdict is a plain assert: rewritten, so pytest_assertrepr_compare explains it (this
 # must come before anything imports the suite).
-pytest.register_assert_rewrite(f"{__package__}.suite")
+pytest.register_assert_rewrite(f"{__package__}.session.suite")
 
-from . import controller, explain, hooks, options  # noqa: E402
-from . import items as catalog_items  # noqa: E402
+from pytest_neuron_support.session import controller, explain, hooks, options  # noqa: E402
+from pytest_neuron_support.session import items as catalog_items  # noqa: E402
 
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
     pluginmanager.add_hookspecs(hooks)
     # The public fixtures and markers; fixtures.py builds on the modules above, so it is imported once they are.
-    from . import fixtures
+    from pytest_neuron_support.session import fixtures
 
     pluginmanager.register(fixtures, "neuron-support-fixtures")
 

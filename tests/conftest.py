@@ -20,7 +20,7 @@ from faultkit import TAG_VAR, kill_own_processes
 from filelock import FileLock
 
 from pytest_neuron_support import zoo
-from pytest_neuron_support.planning import CONFIG_CACHE_ENV, usable_cpus
+from pytest_neuron_support.planning.planner import CONFIG_CACHE_ENV, usable_cpus
 
 # This worker's own torch work (the zoo checks, in-process judges) and the run.py processes tests start
 # directly (run_script with os.environ) share the CPUs with the other xdist workers: one worker's
@@ -248,7 +248,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     a chunk of consecutive tests, a quarter of its share (63 of 507 here): that put every test of
     LONGEST_FIRST on one worker, which ran them one after another for 39 minutes while the other had
     finished its share after 20 (measured on a clean clone)."""
-    from pytest_neuron_support.scheduling import CostOrderScheduling
+    from pytest_neuron_support.session.scheduling import CostOrderScheduling
 
     return CostOrderScheduling(config, log)
 

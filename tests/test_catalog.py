@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_neuron_support.catalog import (
+from pytest_neuron_support.catalog.load import (
     CatalogError,
     ModelSpec,
     cli_model,

@@ -18,8 +18,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from pytest_neuron_support.dataset import PartWriter, write_rows
-from pytest_neuron_support.records import Row
+from pytest_neuron_support.data.dataset import PartWriter, write_rows
+from pytest_neuron_support.data.records import Row
 
 REPO = Path(__file__).resolve().parent.parent
 

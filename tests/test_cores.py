@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_neuron_support.cores import CorePool, LeaseTooLarge
+from pytest_neuron_support.run.cores import CorePool, LeaseTooLarge
 
 
 def _worker(directory: str, size: int, seed: int, rounds: int, out: str) -> None:
@@ -71,7 +71,7 @@ def test_a_killed_holder_does_not_leak_its_cores(tmp_path: Path) -> None:
         [
             sys.executable,
             "-c",
-            "import sys, time; from pathlib import Path; from pytest_neuron_support.cores import CorePool\n"
+            "import sys, time; from pathlib import Path; from pytest_neuron_support.run.cores import CorePool\n"
             "lease = CorePool(Path(sys.argv[1]), 4).acquire(4, 'doomed'); print('held', flush=True); time.sleep(600)",
             str(tmp_path),
         ],
@@ -168,7 +168,7 @@ def test_a_killed_waiter_does_not_hold_the_line(tmp_path: Path) -> None:
         [
             sys.executable,
             "-c",
-            "import sys; from pathlib import Path; from pytest_neuron_support.cores import CorePool\n"
+            "import sys; from pathlib import Path; from pytest_neuron_support.run.cores import CorePool\n"
             "CorePool(Path(sys.argv[1]), 4, session='one').acquire(4, 'doomed', priority=100.0)",
             str(tmp_path),
         ]
@@ -190,7 +190,7 @@ def test_a_killed_waiter_does_not_hold_the_line(tmp_path: Path) -> None:
 
 
 def test_core_lists_parse_as_the_runtime_writes_them() -> None:
-    from pytest_neuron_support.cores import parse_cores, session_cores
+    from pytest_neuron_support.run.cores import parse_cores, session_cores
 
     assert parse_cores("3") == (3,) and parse_cores("8-11") == (8, 9, 10, 11)
     assert parse_cores("0,1, 4-5") == (0, 1, 4, 5)
@@ -207,7 +207,7 @@ def test_core_lists_parse_as_the_runtime_writes_them() -> None:
 
 
 def test_a_session_given_a_slice_leases_and_pins_inside_it_in_host_numbering(tmp_path: Path) -> None:
-    from pytest_neuron_support.devices import DEVICES
+    from pytest_neuron_support.run.devices import DEVICES
 
     pool = CorePool(tmp_path, tuple(range(8, 16)), device="neuron")
     two = pool.acquire(2)
@@ -252,7 +252,7 @@ def test_cores_owned_outside_the_ledger_are_not_leased_but_our_own_runs_are_ours
 
 
 def test_neuron_ls_listing_marks_every_core_of_a_used_device() -> None:
-    from pytest_neuron_support.cores import parse_neuron_ls
+    from pytest_neuron_support.run.cores import parse_neuron_ls
 
     listing = [
         {"neuron_device": 0, "nc_count": 4, "neuron_processes": [{"pid": 4242, "command": "python other.py"}]},

@@ -11,8 +11,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
 
-from pytest_neuron_support.dataset import PartWriter, read_dataset, recover_parts, write_rows
-from pytest_neuron_support.records import COLUMN_DOCS, RESULTS, SCHEMA_VERSION, STAGES, Row
+from pytest_neuron_support.data.dataset import PartWriter, read_dataset, recover_parts, write_rows
+from pytest_neuron_support.data.records import COLUMN_DOCS, RESULTS, SCHEMA_VERSION, STAGES, Row
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
@@ -115,7 +115,7 @@ def test_row_json_round_trip() -> None:
 
 
 def test_the_card_says_what_each_pass_rests_on_and_which_ran_ops_on_the_host(tmp_path: Path) -> None:
-    from pytest_neuron_support.dataset import render_card
+    from pytest_neuron_support.data.dataset import render_card
 
     write_rows(
         tmp_path,

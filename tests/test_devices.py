@@ -9,7 +9,9 @@ from typing import Any
 
 import pytest
 
-from pytest_neuron_support.devices import (
+from pytest_neuron_support.checks.pipeline import _cpu_env
+from pytest_neuron_support.data.records import current_stack
+from pytest_neuron_support.run.devices import (
     DEVICES,
     NO_DEVICE_ENV,
     ProbeResult,
@@ -17,9 +19,7 @@ from pytest_neuron_support.devices import (
     fallback_core_bytes,
     probe,
 )
-from pytest_neuron_support.pipeline import _cpu_env
-from pytest_neuron_support.records import current_stack
-from pytest_neuron_support.settings import Settings
+from pytest_neuron_support.run.settings import Settings
 
 GIB = 1 << 30
 
@@ -64,7 +64,7 @@ def test_the_compiler_version_is_probed_only_where_a_device_has_a_compiler() -> 
 def test_find_device_counts_a_host_counted_kind_without_probing() -> None:
     import os
 
-    from pytest_neuron_support.devices import find_device
+    from pytest_neuron_support.run.devices import find_device
 
     def no_probe() -> ProbeResult:
         raise AssertionError("cpu needs no probe subprocess")
@@ -74,7 +74,7 @@ def test_find_device_counts_a_host_counted_kind_without_probing() -> None:
 
 
 def test_find_device_auto_takes_the_first_kind_with_cores_and_its_memory() -> None:
-    from pytest_neuron_support.devices import find_device
+    from pytest_neuron_support.run.devices import find_device
 
     seen = ProbeResult({"neuron": 64, "cuda": 0, "cpu": 2}, {"neuron": 24 << 30})
     found = find_device("auto", lambda: seen)
@@ -84,7 +84,7 @@ def test_find_device_auto_takes_the_first_kind_with_cores_and_its_memory() -> No
 
 
 def test_find_device_names_a_missing_kind_and_the_fix() -> None:
-    from pytest_neuron_support.devices import DeviceNotFound, find_device
+    from pytest_neuron_support.run.devices import DeviceNotFound, find_device
 
     with pytest.raises(DeviceNotFound, match=r"--device=cuda: no cuda device is visible.*--device=cpu"):
         find_device("cuda", lambda: ProbeResult({"neuron": 0, "cuda": 0, "cpu": 2}))
@@ -180,7 +180,7 @@ def test_a_neuron_run_gets_its_compilers_own_cache_folder_and_a_cpu_run_the_base
     # <base>/neuronxcc-<version> (neffcache.run_cache_dir), or a new compiler is served the old one's NEFFs.
     from dataclasses import replace
 
-    from pytest_neuron_support.pipeline import device_run_env
+    from pytest_neuron_support.checks.pipeline import device_run_env
 
     def settings(device: str, compiler: str) -> Settings:
         return settings_on(device, stack=replace(current_stack(), neuronx_cc=compiler), compile_cache=Path("/base"))

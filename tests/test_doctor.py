@@ -24,8 +24,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from pytest_neuron_support.devices import DEVICES
-from pytest_neuron_support.doctor import CHECKS, FAIL, NA, NOT_RUN, OK, run_doctor
+from pytest_neuron_support.doctor.doctor import CHECKS, FAIL, NA, NOT_RUN, OK, run_doctor
+from pytest_neuron_support.run.devices import DEVICES
 
 REPO = Path(__file__).resolve().parent.parent
 KEYS = [c.key for c in CHECKS]
@@ -276,8 +276,8 @@ def test_the_doctor_process_imports_neither_torch_nor_transformers() -> None:
     # (lazily, too) must not drag torch in (on neuron, torch autoloads torch-neuronx).
     code = (
         "import sys\n"
-        "import pytest_neuron_support.doctor, pytest_neuron_support.execution\n"
-        "import pytest_neuron_support.runscript, pytest_neuron_support.viewer\n"
+        "import pytest_neuron_support.doctor.doctor, pytest_neuron_support.run.execution\n"
+        "import pytest_neuron_support.run.runscript, pytest_neuron_support.viewer.report\n"
         "print(sorted(m for m in ('torch', 'transformers', 'torch_neuronx') if m in sys.modules))\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -312,7 +312,7 @@ def test_the_device_check_counts_neuron_cores_without_reading_unpinned_propertie
     # Doctor check 2 used to read get_device_properties(0) unpinned: nrt_init over every core of the host.
     from test_devices import calls, fake_torch
 
-    from pytest_neuron_support.doctor import _Doctor
+    from pytest_neuron_support.doctor.doctor import _Doctor
 
     log = fake_torch(tmp_path, monkeypatch)
     doctor = _Doctor(DEVICES["neuron"], timeout=120, work_dir=tmp_path, environ=dict(os.environ))
@@ -381,7 +381,7 @@ def test_neuron_ls_core_ids_are_cross_checked_against_the_numbering_the_pinning_
     passed: bool,
     says: str,
 ) -> None:
-    from pytest_neuron_support.doctor import core_numbering
+    from pytest_neuron_support.doctor.doctor import core_numbering
 
     found, ok = core_numbering(listing, count, pool, pinned, lnc)
     assert ok is passed and says in found, found

@@ -8,7 +8,7 @@ import threading
 import time
 from pathlib import Path
 
-from pytest_neuron_support.execution import run_script
+from pytest_neuron_support.run.execution import run_script
 
 
 def gone(pid: int) -> bool:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pytest_neuron_support.explain import Verdict, explain
-from pytest_neuron_support.records import Row
+from pytest_neuron_support.data.records import Row
+from pytest_neuron_support.session.explain import Verdict, explain
 
 RUNS = Path("/results/runs/org--m/cpu")
 

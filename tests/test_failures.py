@@ -13,8 +13,8 @@ import pandas as pd
 import pytest
 from faultkit import catalog
 
-from pytest_neuron_support.dataset import read_dataset, write_rows
-from pytest_neuron_support.records import Row
+from pytest_neuron_support.data.dataset import read_dataset, write_rows
+from pytest_neuron_support.data.records import Row
 
 
 def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:

@@ -28,7 +28,7 @@ from faultkit import (
     survivors,
 )
 
-from pytest_neuron_support.execution import run_script
+from pytest_neuron_support.run.execution import run_script
 
 TESTS = Path(__file__).resolve().parent
 

@@ -130,9 +130,9 @@ def test_a_rank_that_dies_after_writing_a_good_result_fails_the_run_naming_it(
 def run_two_ranks(tmp_path: Path, post_load: str) -> dict[str, Any]:
     """A 2-rank tiny llama run.py with ``post_load`` planted after loading; its failed merged result."""
     from pytest_neuron_support import zoo
-    from pytest_neuron_support.devices import DEVICES
-    from pytest_neuron_support.execution import run_script
-    from pytest_neuron_support.runscript import RunSpec, render
+    from pytest_neuron_support.run.devices import DEVICES
+    from pytest_neuron_support.run.execution import run_script
+    from pytest_neuron_support.run.runscript import RunSpec, render
 
     spec = RunSpec(
         model="tiny-random/llama",
@@ -193,7 +193,7 @@ def test_rank_zero_publishes_the_runtime_root_comm_port_of_the_lease_and_refuses
     import subprocess
     import sys
 
-    from pytest_neuron_support.doctor import _LAUNCHER_PARTS, _common
+    from pytest_neuron_support.doctor.doctor import _LAUNCHER_PARTS, _common
 
     namespace: dict[str, object] = {}
     exec(compile(_common(("ROOT_COMM_BASE", "root_comm_port")), "common.py", "exec"), namespace)

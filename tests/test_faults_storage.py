@@ -17,8 +17,8 @@ import pandas as pd
 import pytest
 
 from pytest_neuron_support import zoo
-from pytest_neuron_support.dataset import MIN_FREE_BYTES, check_writable, write_rows
-from pytest_neuron_support.records import Row
+from pytest_neuron_support.data.dataset import MIN_FREE_BYTES, check_writable, write_rows
+from pytest_neuron_support.data.records import Row
 
 CATALOG = "models:\n  - {id: org/a, task: text-generation}\n"
 

@@ -9,12 +9,12 @@ import pandas as pd
 import pytest
 from faultkit import SITECUSTOMIZE, record_tree, recorded
 
-from pytest_neuron_support.catalog import load_catalog
-from pytest_neuron_support.cores import SLICE_ENV, CorePool
-from pytest_neuron_support.dataset import read_dataset, write_rows
-from pytest_neuron_support.devices import DEVICES
-from pytest_neuron_support.fixtures import FIXTURES, CoreLease, MarkerError, model_from_marker, pinning_env
-from pytest_neuron_support.records import SCHEMA_VERSION, Row
+from pytest_neuron_support.catalog.load import load_catalog
+from pytest_neuron_support.data.dataset import read_dataset, write_rows
+from pytest_neuron_support.data.records import SCHEMA_VERSION, Row
+from pytest_neuron_support.run.cores import SLICE_ENV, CorePool
+from pytest_neuron_support.run.devices import DEVICES
+from pytest_neuron_support.session.fixtures import FIXTURES, CoreLease, MarkerError, model_from_marker, pinning_env
 
 REPO = Path(__file__).resolve().parent.parent
 QWEN3 = next(m for m in load_catalog(REPO / "models-tiny.yaml").models if m.id == "tiny-random/qwen3")
@@ -160,7 +160,7 @@ def test_pytest_fixtures_lists_every_fixture_with_its_docstring(pytester: pytest
     result = pytester.runpytest_subprocess("--fixtures", "-v", "test_x.py")
     result.stdout.fnmatch_lines(
         [
-            "*fixtures defined from pytest_neuron_support.fixtures*",
+            "*fixtures defined from pytest_neuron_support.session.fixtures*",
             "neuron_model -- *fixtures.py:*",
             "*The model spec (``catalog.ModelSpec``) this test checks.",
             "*From ``@pytest.mark.neuron_model(*",
@@ -309,7 +309,7 @@ def test_a_users_test_beside_a_catalog_sweep_gets_its_row_from_the_sweeps_writer
 def test_the_run_keeps_the_lease_only_for_a_test_that_takes_it_itself() -> None:
     from types import SimpleNamespace
 
-    from pytest_neuron_support.fixtures import _asks_for_lease
+    from pytest_neuron_support.session.fixtures import _asks_for_lease
 
     def holds(neuron_run: object, neuron_cores: object) -> None: ...
     def runs(neuron_run: object) -> None: ...

@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from pytest_neuron_support.controller import Resolved, settings_for, with_judge
-from pytest_neuron_support.devices import DEVICES, NO_DEVICE_ENV
-from pytest_neuron_support.execution import ProcessOutcome
-from pytest_neuron_support.options import Options
-from pytest_neuron_support.pipeline import _cpu_env, device_run_env, session_env
-from pytest_neuron_support.records import current_stack
-from pytest_neuron_support.rows import failure_of, offline_cause, offline_load_error
-from pytest_neuron_support.settings import Settings
+from pytest_neuron_support.checks.pipeline import _cpu_env, device_run_env, session_env
+from pytest_neuron_support.checks.rows import failure_of, offline_cause, offline_load_error
+from pytest_neuron_support.data.records import current_stack
+from pytest_neuron_support.run.devices import DEVICES, NO_DEVICE_ENV
+from pytest_neuron_support.run.execution import ProcessOutcome
+from pytest_neuron_support.run.settings import Settings
+from pytest_neuron_support.session.controller import Resolved, settings_for, with_judge
+from pytest_neuron_support.session.options import Options
 
 DOWN = "http://127.0.0.1:9 is unreachable (Connection refused)"
 # What transformers raises when a checkpoint is neither cached nor downloadable (HF_HUB_OFFLINE=1).
@@ -155,8 +155,8 @@ def test_the_finding_travels_to_workers_in_their_settings(tmp_path: Path) -> Non
 def test_settings_hash_does_not_depend_on_the_hub() -> None:
     import hashlib
 
-    from pytest_neuron_support.catalog import ModelSpec
-    from pytest_neuron_support.settings import settings_hash
+    from pytest_neuron_support.catalog.load import ModelSpec
+    from pytest_neuron_support.run.settings import settings_hash
 
     model = ModelSpec(id="org/m")
     settings = _settings(None)
@@ -200,8 +200,8 @@ def test_settings_hash_does_not_depend_on_the_hub() -> None:
 def test_the_controller_decides_the_runs_cpu_threads(
     pytester: pytest.Pytester, args: tuple[str, ...], environ: dict[str, str], threads: int | None
 ) -> None:
-    from pytest_neuron_support.controller import resolve_cpu_threads
-    from pytest_neuron_support.options import parse_options
+    from pytest_neuron_support.session.controller import resolve_cpu_threads
+    from pytest_neuron_support.session.options import parse_options
 
     config = pytester.parseconfig(*args)
     assert resolve_cpu_threads(config, parse_options(config), environ, cpus=16) == threads

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_neuron_support import options
-from pytest_neuron_support.planning import DEFAULT_HEADROOM
+from pytest_neuron_support.planning.planner import DEFAULT_HEADROOM
+from pytest_neuron_support.session import options
 
 
 @pytest.mark.parametrize(

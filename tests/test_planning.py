@@ -19,9 +19,8 @@ from typing import Any
 
 import pytest
 
-from pytest_neuron_support.catalog import ModelSpec
-from pytest_neuron_support.devices import TRN2_LOGICAL_CORE_BYTES as TRN2_CORE_BYTES
-from pytest_neuron_support.planning import (
+from pytest_neuron_support.catalog.load import ModelSpec
+from pytest_neuron_support.planning.planner import (
     CORE_CHOICES,
     DEFAULT_HEADROOM,
     DTYPE_BYTES,
@@ -39,6 +38,7 @@ from pytest_neuron_support.planning import (
     plan_cores,
     read_safetensors_header,
 )
+from pytest_neuron_support.run.devices import TRN2_LOGICAL_CORE_BYTES as TRN2_CORE_BYTES
 
 CONFIGS = Path(__file__).resolve().parent / "fixtures" / "configs"
 REPO = Path(__file__).resolve().parent.parent
@@ -235,7 +235,7 @@ def test_each_trn2_size_is_planned_with_its_own_core_limit() -> None:
 
 
 def test_expert_parameters_are_counted_by_tensor_name_and_estimated_from_a_config() -> None:
-    from pytest_neuron_support.planning import estimate_expert_parameters
+    from pytest_neuron_support.planning.planner import estimate_expert_parameters
 
     assert is_expert_tensor("model.layers.3.mlp.experts.7.down_proj.weight")  # qwen3_moe, deepseek
     assert is_expert_tensor("model.layers.0.block_sparse_moe.experts.0.w1.weight")  # mixtral
@@ -478,8 +478,8 @@ def install_in_cache(cache: Path, repo_id: str, files: Path, skip: tuple[str, ..
 HUB_SCRIPT = textwrap.dedent(
     """
     import dataclasses, json, sys
-    from pytest_neuron_support.catalog import ModelSpec
-    from pytest_neuron_support.planning import PlanningError, inspect_model
+    from pytest_neuron_support.catalog.load import ModelSpec
+    from pytest_neuron_support.planning.planner import PlanningError, inspect_model
 
     out = {}
     for key, repo, revision in json.loads(sys.argv[1]):
@@ -567,8 +567,8 @@ def inspect_on_the_loopback_hub(record: Any, tmp_path: Path) -> tuple[dict[str, 
 
     code = (
         "import dataclasses, json, sys\n"
-        "from pytest_neuron_support.catalog import ModelSpec\n"
-        "from pytest_neuron_support.planning import inspect_model\n"
+        "from pytest_neuron_support.catalog.load import ModelSpec\n"
+        "from pytest_neuron_support.planning.planner import inspect_model\n"
         "print(json.dumps(dataclasses.asdict(inspect_model(ModelSpec(id=sys.argv[1])))))\n"
     )
     with HubServer([record]) as server:
@@ -615,7 +615,7 @@ def test_mxfp4_experts_are_counted_as_the_weights_transformers_loads(tmp_path: P
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, GptOssConfig, GptOssForCausalLM
 
-    from pytest_neuron_support.planning import count_safetensors_split
+    from pytest_neuron_support.planning.planner import count_safetensors_split
 
     config = GptOssConfig(
         vocab_size=128,
@@ -669,7 +669,7 @@ def test_mxfp4_experts_are_counted_as_the_weights_transformers_loads(tmp_path: P
 
 def test_module_import_stays_cheap() -> None:
     code = (
-        "import sys, pytest_neuron_support.planning; "
+        "import sys, pytest_neuron_support.planning.planner; "
         "print([m for m in ('torch', 'transformers', 'huggingface_hub') if m in sys.modules])"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO).stdout
@@ -680,7 +680,7 @@ def test_local_safetensors_headers_split_expert_tensors_by_name(tmp_path: Path) 
     import torch
     from safetensors.torch import save_file
 
-    from pytest_neuron_support.planning import count_safetensors_split
+    from pytest_neuron_support.planning.planner import count_safetensors_split
 
     save_file(
         {
@@ -720,7 +720,7 @@ def test_config_facts_are_read_once_and_a_later_process_plans_from_them_without_
         f"""
         import dataclasses, json, sys
         from pathlib import Path
-        from pytest_neuron_support.planning import ModelShape
+        from pytest_neuron_support.planning.planner import ModelShape
         config = json.loads({json.dumps(json.dumps(config))})
         shape = ModelShape.from_config(config, 1_000_000, cache=Path({str(cache)!r}))
         print(json.dumps([dataclasses.asdict(shape), "transformers" in sys.modules, "torch" in sys.modules]))
@@ -731,7 +731,7 @@ def test_config_facts_are_read_once_and_a_later_process_plans_from_them_without_
 
 
 def test_config_facts_entries_follow_the_config_and_a_bad_entry_is_read_afresh(tmp_path: Path) -> None:
-    from pytest_neuron_support.planning import config_facts
+    from pytest_neuron_support.planning.planner import config_facts
 
     cache = tmp_path / "facts"
     config = {"model_type": "llama", "num_attention_heads": 8}
@@ -747,7 +747,7 @@ def test_config_facts_entries_follow_the_config_and_a_bad_entry_is_read_afresh(t
 
 
 def test_config_facts_folder_follows_the_environment(tmp_path: Path) -> None:
-    from pytest_neuron_support.planning import config_cache_dir
+    from pytest_neuron_support.planning.planner import config_cache_dir
 
     assert config_cache_dir({"NEURON_SUPPORT_CONFIG_CACHE": str(tmp_path)}) == tmp_path
     assert config_cache_dir({"NEURON_SUPPORT_CONFIG_CACHE": "none"}) is None

@@ -12,8 +12,8 @@ from types import SimpleNamespace
 import pytest
 
 from pytest_neuron_support import zoo
-from pytest_neuron_support.devices import DEVICES
-from pytest_neuron_support.runscript import RunSpec, render
+from pytest_neuron_support.run.devices import DEVICES
+from pytest_neuron_support.run.runscript import RunSpec, render
 
 # benchmarks/ is a directory of scripts, not a package: import from it as the benchmarks themselves do.
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks"

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from faultkit import catalog
 
-from pytest_neuron_support.progress import State, duration, status_lines
+from pytest_neuron_support.session.progress import State, duration, status_lines
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("eager_compile")]
 

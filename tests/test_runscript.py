@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_neuron_support.devices import DEVICES
-from pytest_neuron_support.runscript import RunSpec, TrainSpec, render, render_train, template
+from pytest_neuron_support.run.devices import DEVICES
+from pytest_neuron_support.run.runscript import RunSpec, TrainSpec, render, render_train, template
 
 
 def spec(**overrides: object) -> RunSpec:
@@ -65,8 +65,8 @@ def test_imports_are_limited_to_stdlib_torch_and_transformers() -> None:
 
 
 def test_every_task_renders_its_loading_path() -> None:
-    from pytest_neuron_support.catalog import TASKS
-    from pytest_neuron_support.tasks import TASKS as TABLE
+    from pytest_neuron_support.catalog.load import TASKS
+    from pytest_neuron_support.tasks.table import TASKS as TABLE
 
     assert (
         set(TASKS)
@@ -162,7 +162,7 @@ def test_ranks_meet_in_the_store_rank_zero_bound_itself(tmp_path: Path) -> None:
     # No port is chosen before rank 0 binds one (a port picked and handed over can be taken by
     # another concurrent sharded run meanwhile): rank 0's store takes port 0 and publishes the
     # port it got; a stale rendezvous file from an earlier run is not read.
-    from pytest_neuron_support.doctor import _LAUNCHER_PARTS, _common
+    from pytest_neuron_support.doctor.doctor import _LAUNCHER_PARTS, _common
 
     script = tmp_path / "ranks.py"
     script.write_text(_RENDEZVOUS_SCRIPT.replace("@@LAUNCHER@@", _common(_LAUNCHER_PARTS)), encoding="utf-8")

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from pytest_neuron_support.scheduling import CostOrderScheduling, collection_diff
+from pytest_neuron_support.session.scheduling import CostOrderScheduling, collection_diff
 
 
 @dataclass

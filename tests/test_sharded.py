@@ -12,9 +12,9 @@ import pytest
 from faultkit import assert_outcomes
 
 from pytest_neuron_support import zoo
-from pytest_neuron_support.devices import DEVICES
-from pytest_neuron_support.execution import run_script
-from pytest_neuron_support.runscript import JudgeSpec, RunSpec, render, render_judge
+from pytest_neuron_support.run.devices import DEVICES
+from pytest_neuron_support.run.execution import run_script
+from pytest_neuron_support.run.runscript import JudgeSpec, RunSpec, render, render_judge
 
 sys.path.insert(0, str(Path(__file__).parent))
 from judges import build_judge, expected_score, no_ids, yes_ids

@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from pytest_neuron_support.caches import ReferenceCache, clean_compile_cache, reference_key
-from pytest_neuron_support.devices import DEVICES
-from pytest_neuron_support.records import COLUMN_DOCS, Row, current_stack
-from pytest_neuron_support.rows import with_cache_counts
-from pytest_neuron_support.runscript import RunSpec
-from pytest_neuron_support.sharding import Shard, ShardError, assign, parse_shard, shard_from_env
+from pytest_neuron_support.checks.rows import with_cache_counts
+from pytest_neuron_support.data.records import COLUMN_DOCS, Row, current_stack
+from pytest_neuron_support.run.caches import ReferenceCache, clean_compile_cache, reference_key
+from pytest_neuron_support.run.devices import DEVICES
+from pytest_neuron_support.run.runscript import RunSpec
+from pytest_neuron_support.session.sharding import Shard, ShardError, assign, parse_shard, shard_from_env
 
 
 def test_parse_shard() -> None:

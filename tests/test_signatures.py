@@ -10,7 +10,7 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from pytest_neuron_support.dataset import (
+from pytest_neuron_support.data.dataset import (
     DATA_DIR,
     blocking_summary,
     diff_signatures,
@@ -18,8 +18,8 @@ from pytest_neuron_support.dataset import (
     render_card,
     write_rows,
 )
-from pytest_neuron_support.records import COLUMN_DOCS, Row, arrow_schema
-from pytest_neuron_support.signatures import MAX_MESSAGE, RULES, blockers, bucket, head, normalise
+from pytest_neuron_support.data.records import COLUMN_DOCS, Row, arrow_schema
+from pytest_neuron_support.data.signatures import MAX_MESSAGE, RULES, blockers, bucket, head, normalise
 
 DYNAMO_ADVICE = (
     "\n\nSet TORCHDYNAMO_VERBOSE=1 for the internal stack trace (please do this especially if you're reporting a "

@@ -12,11 +12,11 @@ import pytest
 from faultkit import session_rows
 
 from pytest_neuron_support import zoo
-from pytest_neuron_support.catalog import load_catalog
-from pytest_neuron_support.checks import DEFAULT_MIN_COSINE
-from pytest_neuron_support.execution import run_script
-from pytest_neuron_support.planning import cpu_threads, usable_cpus
-from pytest_neuron_support.settings import slug
+from pytest_neuron_support.catalog.load import load_catalog
+from pytest_neuron_support.planning.planner import cpu_threads, usable_cpus
+from pytest_neuron_support.run.execution import run_script
+from pytest_neuron_support.run.settings import slug
+from pytest_neuron_support.verdict.checks import DEFAULT_MIN_COSINE
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow

@@ -15,11 +15,11 @@ import pytest
 from faultkit import assert_outcomes
 
 from pytest_neuron_support import zoo
-from pytest_neuron_support.catalog import parse_catalog
-from pytest_neuron_support.checks import DEFAULT_MIN_COSINE, EMBEDDING_SENTENCES, compare_embeddings
-from pytest_neuron_support.devices import DEVICES
-from pytest_neuron_support.runscript import RunSpec, render, template
-from pytest_neuron_support.settings import slug
+from pytest_neuron_support.catalog.load import parse_catalog
+from pytest_neuron_support.run.devices import DEVICES
+from pytest_neuron_support.run.runscript import RunSpec, render, template
+from pytest_neuron_support.run.settings import slug
+from pytest_neuron_support.verdict.checks import DEFAULT_MIN_COSINE, EMBEDDING_SENTENCES, compare_embeddings
 
 MINILM = zoo.MINILM_REPO
 #: The same checkpoint under another id, so one session can run it clean and perturbed.

@@ -18,9 +18,15 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from pytest_neuron_support import suite
-from pytest_neuron_support.catalog import CatalogError, checks_of, parse_catalog
-from pytest_neuron_support.checks import (
+from pytest_neuron_support.catalog.load import CatalogError, checks_of, parse_catalog
+from pytest_neuron_support.data.dataset import read_dataset, row_key, write_rows
+from pytest_neuron_support.data.records import COLUMN_TYPES, SCHEMA_VERSION, STAGES, VERDICT_BASES, Row
+from pytest_neuron_support.planning.planner import GIB, ModelShape, plan_cores, training_bytes
+from pytest_neuron_support.run.devices import DEVICES
+from pytest_neuron_support.run.runscript import TrainSpec, render_train
+from pytest_neuron_support.session import suite
+from pytest_neuron_support.session.options import _checks, check_list
+from pytest_neuron_support.verdict.checks import (
     GRAD_NORM_RTOL,
     LOSS_ATOL,
     LOSS_RTOL,
@@ -30,12 +36,6 @@ from pytest_neuron_support.checks import (
     TRAIN_TEXTS,
     compare_training,
 )
-from pytest_neuron_support.dataset import read_dataset, row_key, write_rows
-from pytest_neuron_support.devices import DEVICES
-from pytest_neuron_support.options import _checks, check_list
-from pytest_neuron_support.planning import GIB, ModelShape, plan_cores, training_bytes
-from pytest_neuron_support.records import COLUMN_TYPES, SCHEMA_VERSION, STAGES, VERDICT_BASES, Row
-from pytest_neuron_support.runscript import TrainSpec, render_train
 
 # --- train.py ------------------------------------------------------------------------------------
 
@@ -383,7 +383,7 @@ def test_the_tiny_zoo_trains_on_cpu_and_a_corrupted_step_fails_at_that_step(
 
 
 def test_progress_names_a_training_item_and_reads_its_own_run_folder(tmp_path: Path) -> None:
-    from pytest_neuron_support.progress import label, stage_of
+    from pytest_neuron_support.session.progress import label, stage_of
 
     assert label("models.yaml::test_training[org/a]", "org/a") == "org/a (train)"
     assert label("models.yaml::test_model[org/a]", "org/a") == "org/a"
@@ -474,8 +474,8 @@ def test_an_excluded_entrys_training_item_is_a_training_row(pytester: pytest.Pyt
 
 
 def test_a_sharded_training_plan_tries_its_own_sharding_then_fsdp() -> None:
-    from pytest_neuron_support.pipeline import train_distributed_configs
-    from pytest_neuron_support.planning import Plan
+    from pytest_neuron_support.checks.pipeline import train_distributed_configs
+    from pytest_neuron_support.planning.planner import Plan
 
     tp = Plan(cores=4, tp_size=4, ep_size=1, reason="", skip=None, weight_bytes=1)
     assert train_distributed_configs(tp) == ({"tp_size": 4}, {"fsdp_size": 4})
@@ -487,7 +487,7 @@ def test_a_sharded_training_plan_tries_its_own_sharding_then_fsdp() -> None:
 
 
 def test_diff_compares_each_check_of_a_model_on_its_own() -> None:
-    from pytest_neuron_support.dataset import diff_datasets
+    from pytest_neuron_support.data.dataset import diff_datasets
 
     def row(check: str, result: str) -> Row:
         return Row(model_id="org/a", result=result, check=check, library_version="5", timestamp="1")
@@ -509,7 +509,7 @@ def test_diff_compares_each_check_of_a_model_on_its_own() -> None:
 def test_the_training_verdict_names_the_step_and_fails_a_recompile() -> None:
     from dataclasses import replace
 
-    from pytest_neuron_support.rows import training_verdict
+    from pytest_neuron_support.checks.rows import training_verdict
 
     base = Row(model_id="org/a", result="ERROR", check="train")
     cpu = {"losses": [8.0, 11.0, 6.0], "grad_norms": [12.0, 12.0, 7.0]}

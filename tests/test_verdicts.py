@@ -17,8 +17,8 @@ import pytest
 from faultkit import assert_outcomes, catalog
 
 from pytest_neuron_support import zoo
-from pytest_neuron_support.devices import DEVICES
-from pytest_neuron_support.runscript import RunSpec, render
+from pytest_neuron_support.run.devices import DEVICES
+from pytest_neuron_support.run.runscript import RunSpec, render
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("eager_compile")]
 

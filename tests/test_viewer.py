@@ -25,9 +25,9 @@ import pytest
 import yaml
 from hubserver import HubServer, ModelRecord
 
-from pytest_neuron_support import viewer
-from pytest_neuron_support.dataset import DATA_DIR, write_rows
-from pytest_neuron_support.records import COLUMN_TYPES, Row
+from pytest_neuron_support.data.dataset import DATA_DIR, write_rows
+from pytest_neuron_support.data.records import COLUMN_TYPES, Row
+from pytest_neuron_support.viewer import report as viewer
 
 REPO = Path(__file__).resolve().parent.parent
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
@@ -440,7 +440,7 @@ def test_reproduction_off_trainium() -> None:
 
 def test_viewer_does_not_import_torch_or_transformers() -> None:
     code = (
-        "import sys; import pytest_neuron_support.viewer, pytest_neuron_support.cli\n"
+        "import sys; import pytest_neuron_support.viewer.report, pytest_neuron_support.cli\n"
         "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

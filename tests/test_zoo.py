@@ -488,7 +488,7 @@ def judge_verdict(judge_snapshot: Path, tmp_path_factory: pytest.TempPathFactory
     loads in a fraction of a second per text instead of a Python start-up per text)."""
     import importlib.util
 
-    from pytest_neuron_support.runscript import JudgeSpec, render_judge
+    from pytest_neuron_support.run.runscript import JudgeSpec, render_judge
 
     script = tmp_path_factory.mktemp("judge") / "judge.py"
     script.write_text(render_judge(JudgeSpec(judge_model=str(judge_snapshot), judge_revision="main", text="")))
@@ -568,8 +568,8 @@ def test_judge_finds_correct_continuations_fluent(judge_verdict: Any, continuati
 @pytest.mark.slow
 def test_judge_py_finds_the_word_salad_not_fluent_through_the_hub(tiny_zoo_cache: Path, tmp_path: Path) -> None:
     # End to end, as a sweep runs it: judge.py in its own offline process, the judge by its Hub id.
-    from pytest_neuron_support.execution import run_script
-    from pytest_neuron_support.runscript import JudgeSpec, render_judge
+    from pytest_neuron_support.run.execution import run_script
+    from pytest_neuron_support.run.runscript import JudgeSpec, render_judge
 
     env = _clean_env(HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(tiny_zoo_cache), HF_HOME=str(tmp_path / "hf-home"))
     fluent_start = WORD_SALAD.split(" the clever.")[0]  # the salad's first sentence, on its own

@@ -31,11 +31,19 @@ The package, by concern:
 
 from __future__ import annotations
 
-from .build import build_zoo
-from .decisive import DecisiveReport, check_decisive
-from .hubcache import install_snapshot, installed
-from .minilm import MINILM_PACKAGE, MINILM_REPO, install_minilm
-from .spec import ARCHS, JUDGE_REPO, TINY_PROMPT, ZOO_ORG, ZOO_VERSION, TinyArch, zoo_fingerprint
+from pytest_neuron_support.zoo.build import build_zoo
+from pytest_neuron_support.zoo.decisive import DecisiveReport, check_decisive
+from pytest_neuron_support.zoo.hubcache import install_snapshot, installed
+from pytest_neuron_support.zoo.minilm import MINILM_PACKAGE, MINILM_REPO, install_minilm
+from pytest_neuron_support.zoo.spec import (
+    ARCHS,
+    JUDGE_REPO,
+    TINY_PROMPT,
+    ZOO_ORG,
+    ZOO_VERSION,
+    TinyArch,
+    zoo_fingerprint,
+)
 
 __all__ = [
     "ARCHS",

@@ -7,17 +7,24 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from .hubcache import _installed_fingerprint, install_snapshot, installed
-from .judge import _build_judge
-from .minilm import MINILM_PACKAGE, MINILM_REPO, install_minilm
-from .spec import ARCHS, JUDGE_REPO, _arch_by_name, _HFTokenizer, zoo_fingerprint
-from .text import _build_one, _build_tokenizer, _quiet_transformers, _single_thread, _train_data, _TrainData
-from .vlm import _build_vlm
+from pytest_neuron_support.zoo.hubcache import _installed_fingerprint, install_snapshot, installed
+from pytest_neuron_support.zoo.judge import _build_judge
+from pytest_neuron_support.zoo.minilm import MINILM_PACKAGE, MINILM_REPO, install_minilm
+from pytest_neuron_support.zoo.spec import ARCHS, JUDGE_REPO, _arch_by_name, _HFTokenizer, zoo_fingerprint
+from pytest_neuron_support.zoo.text import (
+    _build_one,
+    _build_tokenizer,
+    _quiet_transformers,
+    _single_thread,
+    _train_data,
+    _TrainData,
+)
+from pytest_neuron_support.zoo.vlm import _build_vlm
 
 
 def _workers(jobs: int) -> int:
     """Builder processes: one per CPU this process may use, at most one per checkpoint."""
-    from ..planning import usable_cpus
+    from pytest_neuron_support.planning.planner import usable_cpus
 
     return max(1, min(usable_cpus(), jobs))
 
@@ -31,7 +38,7 @@ def _build_job(kind: str, name: str, tmp: str, fingerprint: str) -> str:
     its log line's figures. The tokenizer is the one saved in ``<tmp>/tokenizer``, loaded back as
     the parent loaded it, and the training data is derived from it the same way: every checkpoint
     is the same whichever process builds it (each trains on one thread, from fixed seeds)."""
-    from .text import _transformers
+    from pytest_neuron_support.zoo.text import _transformers
 
     tokenizer_dir = Path(tmp) / "tokenizer"
     with _quiet_transformers(), _single_thread():

@@ -8,9 +8,9 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from .spec import ARCHS, TINY_PROMPT
-from .text import _greedy, _quiet_transformers, _single_thread, _transformers
-from .vlm import _vlm_inputs
+from pytest_neuron_support.zoo.spec import ARCHS, TINY_PROMPT
+from pytest_neuron_support.zoo.text import _greedy, _quiet_transformers, _single_thread, _transformers
+from pytest_neuron_support.zoo.vlm import _vlm_inputs
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ import os
 import shutil
 from pathlib import Path
 
-from ..storage import write_atomic
+from pytest_neuron_support.base.storage import write_atomic
 
 # Files the Hub stores through git-LFS (named by sha256 in the cache); everything else is a plain git
 # blob (named by its git blob sha1), as huggingface_hub names blobs by the file's etag.

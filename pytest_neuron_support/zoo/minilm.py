@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .hubcache import install_snapshot
+from pytest_neuron_support.zoo.hubcache import install_snapshot
 
 #: The real embedding model the suite proves itself on, installed under its real Hub id.
 MINILM_REPO = "sentence-transformers/all-MiniLM-L6-v2"

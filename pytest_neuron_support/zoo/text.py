@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     import torch
 
 
-from .spec import (
+from pytest_neuron_support.zoo.spec import (
     _BOS,
     _CHAT_TEMPLATE,
     _EOS,

@@ -9,8 +9,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .spec import _IMAGE_TOKENS, _TRAIN_SPEC, _VLM_SPEC, TINY_PROMPT, TinyArch
-from .text import _greedy, _hub_config, _save_decisive, _token_ids, _train, _TrainData, _transformers
+from pytest_neuron_support.zoo.spec import _IMAGE_TOKENS, _TRAIN_SPEC, _VLM_SPEC, TINY_PROMPT, TinyArch
+from pytest_neuron_support.zoo.text import (
+    _greedy,
+    _hub_config,
+    _save_decisive,
+    _token_ids,
+    _train,
+    _TrainData,
+    _transformers,
+)
 
 _ANSWER_MARKER = " ASSISTANT:"
 
@@ -18,7 +26,7 @@ _ANSWER_MARKER = " ASSISTANT:"
 def _test_card(torch_module: Any) -> Any:
     """run.py's own test card (its ``fixed_image``), drawn by the template's code itself so the zoo
     trains and checks on exactly the pixels every run feeds the model."""
-    from ..runscript import TEST_CARD_SIZE, template
+    from pytest_neuron_support.run.runscript import TEST_CARD_SIZE, template
 
     namespace: dict[str, Any] = {"__name__": "neuron_support_run_template"}
     exec(compile(template(), "run.py", "exec"), namespace)

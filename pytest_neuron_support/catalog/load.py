@@ -1,0 +1,510 @@
+"""The model catalog: ``models.yaml`` parsed once into frozen, typed specs.
+
+A malformed file stops the run with one :class:`CatalogError` that names the file, the
+line, the entry, the field, the bad value and what is allowed, so the fix is obvious
+without reading this code.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pytest_neuron_support.tasks.table import EMBEDDING_TASKS
+from pytest_neuron_support.tasks.table import TASKS as TASK_TABLE
+
+#: The catalog's task names, from the one task table (tasks.py).
+TASKS: tuple[str, ...] = tuple(TASK_TABLE)
+DTYPES: tuple[str, ...] = ("bfloat16", "float16", "float32")
+EXCLUDE_REASONS: tuple[str, ...] = ("low-priority", "incompatible", "remote-code", "too-large")
+CORE_COUNTS: tuple[int, ...] = (1, 2, 4, 8, 16)
+#: The checks an entry can ask for: ``inference`` (run.py: compiled greedy generation against the
+#: CPU) and ``train`` (train.py: a few Trainer steps against the same steps on CPU).
+CHECKS: tuple[str, ...] = ("inference", "train")
+DEFAULT_CHECKS: tuple[str, ...] = ("inference",)
+#: Tasks the training check applies to (train.py fine-tunes a causal LM on a fixed text set).
+TRAIN_TASKS: tuple[str, ...] = ("text-generation",)
+DEFAULT_PROMPT = "The history of the printing press begins"
+DEFAULT_DTYPE = "bfloat16"
+DEFAULT_REVISION = "main"
+
+# The Hub's repo-name rules: letters, digits, '-', '_', '.'; no leading/trailing '-' or '.',
+# no '--' or '..', at most 96 characters per part. Anchored so no entry can be a path.
+_HUB_PART = r"[A-Za-z0-9](?:[A-Za-z0-9_.-]{0,94}[A-Za-z0-9_])?"
+_HUB_ID = re.compile(rf"^{_HUB_PART}/{_HUB_PART}$")
+
+_ENTRY_FIELDS: tuple[str, ...] = (
+    "id",
+    "task",
+    "revision",
+    "dtype",
+    "prompt",
+    "cores",
+    "trust_remote_code",
+    "extra_packages",
+    "exclude",
+    "tags",
+    "min_cosine",
+    "timeout",
+    "checks",
+)
+_EXCLUDE_FIELDS: tuple[str, ...] = ("reason", "note")
+
+
+class CatalogError(ValueError):
+    """A catalog or command-line value that cannot be used, with everything needed to fix it."""
+
+    def __init__(
+        self,
+        file: str,
+        message: str,
+        *,
+        line: int | None = None,
+        entry: str | None = None,
+        field: str | None = None,
+        value: object = None,
+        fix: str | None = None,
+    ) -> None:
+        where = file if line is None else f"{file}:{line}"
+        parts = [where]
+        if entry is not None:
+            parts.append(f"entry {entry!r}")
+        if field is not None:
+            parts.append(f"field {field!r}")
+        text = ": ".join(parts) + f": {message}"
+        if value is not None:
+            text += f" (got {value!r})"
+        if fix:
+            text += f"; {fix}"
+        super().__init__(text)
+        self.file, self.line, self.entry, self.field, self.value, self.fix = file, line, entry, field, value, fix
+
+
+def is_hub_id(text: str) -> bool:
+    """True for ``org/name`` in the Hub's character set (never a filesystem path)."""
+    return bool(_HUB_ID.match(text)) and ".." not in text and "--" not in text
+
+
+@dataclass(frozen=True)
+class Exclusion:
+    """Why a catalog entry is collected but not run.
+
+    Attributes:
+        reason: one of ``low-priority``, ``incompatible``, ``remote-code``, ``too-large``.
+        note: free text shown in the skip message and the row.
+    """
+
+    reason: str
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One model to check: a catalog entry, a ``--model`` argument, or a local checkpoint.
+
+    Attributes:
+        id: Hub id ``org/name``; for a local checkpoint, the absolute directory path.
+        task: ``text-generation``, ``image-text-to-text``, ``feature-extraction`` or
+            ``sentence-similarity`` (see :data:`TASKS`).
+        revision: branch, tag or commit; ``main`` unless pinned.
+        dtype: weights dtype on the device (default bfloat16).
+        prompt: text prompt; None means the session's ``--prompt``.
+        cores: core-count override from the catalog, None to let the planner choose.
+        trust_remote_code: the entry opts in to Hub repository code (the user must too).
+        extra_packages: pip requirements to install on top of the stack for this model.
+        exclude: set when the entry is curated out; the item is reported skipped.
+        tags: free-form labels (architecture family, dense/moe), matched by ``-k``.
+        source: ``catalog``, ``cli`` (``--model ID``) or ``local`` (``--model ./dir``).
+        line: 1-based line of the entry in that file (0 for the command line).
+        min_cosine: embedding tasks only: the cosine similarity every sentence's device
+            embedding must reach against the CPU's; None means ``checks.DEFAULT_MIN_COSINE``.
+        timeout: seconds each of this model's run.py processes (device run, CPU reference, CPU
+            check) may take before its process group is killed; None means ``--model-timeout``.
+            A large model's compile may need more than the sweep's default; a model known to hang
+            can be given less, so the sweep does not wait for it.
+        checks: the checks this entry asks for (:data:`CHECKS`), each one item and one row;
+            ``--check`` replaces them for a run. ``train`` applies to :data:`TRAIN_TASKS` only.
+    """
+
+    id: str
+    task: str = "text-generation"
+    revision: str = DEFAULT_REVISION
+    dtype: str = DEFAULT_DTYPE
+    prompt: str | None = None
+    cores: int | None = None
+    trust_remote_code: bool = False
+    extra_packages: tuple[str, ...] = ()
+    exclude: Exclusion | None = None
+    tags: tuple[str, ...] = ()
+    source: str = "catalog"
+    line: int = 0
+    min_cosine: float | None = None
+    timeout: float | None = None
+    checks: tuple[str, ...] = DEFAULT_CHECKS
+
+    @property
+    def embedding(self) -> bool:
+        """An embedding task (judged by cosine similarity, no tokens generated)."""
+        return self.task in EMBEDDING_TASKS
+
+
+@dataclass(frozen=True)
+class Catalog:
+    """A parsed catalog file: its entries in file order.
+
+    Attributes:
+        path: the file.
+        models: entries in file order.
+        judge_model: the catalog's fluency judge for sharded runs (top-level ``judge: {model,
+            revision}``), None for the default; ``--judge-model`` overrides it. A catalog of
+            tiny random models names a judge that exists offline.
+        judge_revision: its revision.
+    """
+
+    path: Path
+    models: tuple[ModelSpec, ...]
+    judge_model: str | None = None
+    judge_revision: str = DEFAULT_REVISION
+
+
+def load_catalog(path: Path) -> Catalog:
+    """Parse and validate a catalog file; raise :class:`CatalogError` on the first problem."""
+    shown = str(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise CatalogError(shown, "file not found", fix="pass an existing file with --models-file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CatalogError(shown, f"cannot read file: {exc}", fix="check its permissions and encoding") from None
+    return parse_catalog(text, shown, path)
+
+
+def parse_catalog(text: str, shown: str, path: Path | None = None) -> Catalog:
+    """Parse catalog YAML ``text``; ``shown`` names the file in errors."""
+    loader = yaml.SafeLoader(text)
+    try:
+        root = loader.get_single_node()
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = mark.line + 1 if mark is not None else None
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise CatalogError(shown, f"YAML syntax error: {problem}", line=line, fix="fix the YAML syntax") from None
+    finally:
+        loader.dispose()
+    if root is None:
+        raise CatalogError(shown, "file is empty", fix="add a top-level 'models:' list")
+    if not isinstance(root, yaml.MappingNode):
+        raise CatalogError(
+            shown, "top level must be a mapping", line=root.start_mark.line + 1, fix="start the file with 'models:'"
+        )
+    models_node: yaml.Node | None = None
+    judge: tuple[str | None, str] = (None, DEFAULT_REVISION)
+    for key_node, value_node in root.value:
+        if key_node.value == "judge":
+            judge = _parse_judge(value_node, shown)
+            continue
+        if key_node.value != "models":
+            raise CatalogError(
+                shown,
+                f"unknown top-level key {key_node.value!r}",
+                line=key_node.start_mark.line + 1,
+                fix="top-level keys are 'models' and 'judge'",
+            )
+        models_node = value_node
+    if models_node is None or not isinstance(models_node, yaml.SequenceNode):
+        line = None if models_node is None else models_node.start_mark.line + 1
+        raise CatalogError(
+            shown, "'models' must be a list of entries", line=line, fix="write 'models:' then '- id: org/name' items"
+        )
+    specs: list[ModelSpec] = []
+    seen: dict[str, int] = {}
+    for node in models_node.value:
+        spec = _parse_entry(node, shown)
+        if spec.id in seen:
+            raise CatalogError(
+                shown,
+                f"duplicate id (first at line {seen[spec.id]})",
+                line=spec.line,
+                entry=spec.id,
+                field="id",
+                value=spec.id,
+                fix="list each model once",
+            )
+        seen[spec.id] = spec.line
+        specs.append(spec)
+    return Catalog(path=path or Path(shown), models=tuple(specs), judge_model=judge[0], judge_revision=judge[1])
+
+
+def _parse_judge(node: yaml.Node, shown: str) -> tuple[str | None, str]:
+    value = _construct(node)
+    line = node.start_mark.line + 1
+    if not isinstance(value, dict) or set(value) - {"model", "revision"} or not isinstance(value.get("model"), str):
+        raise CatalogError(
+            shown,
+            "'judge' must be a mapping with 'model' (and optionally 'revision')",
+            line=line,
+            field="judge",
+            value=value,
+            fix="write 'judge: {model: org/name}'",
+        )
+    if not is_hub_id(value["model"]):
+        raise CatalogError(
+            shown, "judge model is not a Hub id", line=line, field="judge", value=value["model"], fix="use 'org/name'"
+        )
+    revision = value.get("revision", DEFAULT_REVISION)
+    if not isinstance(revision, str):
+        raise CatalogError(
+            shown, "judge revision must be a string", line=line, field="judge", value=revision, fix="quote the revision"
+        )
+    return value["model"], revision
+
+
+def _construct(node: yaml.Node) -> Any:
+    loader = yaml.SafeLoader("")
+    try:
+        return loader.construct_object(node, deep=True)
+    finally:
+        loader.dispose()
+
+
+def _parse_entry(node: yaml.Node, shown: str) -> ModelSpec:
+    line = node.start_mark.line + 1
+    if not isinstance(node, yaml.MappingNode):
+        raise CatalogError(
+            shown,
+            "each entry must be a mapping with at least 'id' and 'task'",
+            line=line,
+            value=_construct(node),
+            fix="write '- id: org/name' then '  task: text-generation'",
+        )
+    raw: dict[str, tuple[Any, int]] = {}
+    for key_node, value_node in node.value:
+        raw[str(key_node.value)] = (_construct(value_node), value_node.start_mark.line + 1)
+    entry_id = raw.get("id", (None, line))[0]
+    entry = entry_id if isinstance(entry_id, str) else None
+    for key, (_, key_line) in raw.items():
+        if key not in _ENTRY_FIELDS:
+            raise CatalogError(
+                shown,
+                "unknown field",
+                line=key_line,
+                entry=entry,
+                field=key,
+                fix=f"allowed fields: {', '.join(_ENTRY_FIELDS)}",
+            )
+
+    def err(fieldname: str, message: str, value: object, fix: str) -> CatalogError:
+        return CatalogError(
+            shown, message, line=raw.get(fieldname, (None, line))[1], entry=entry, field=fieldname, value=value, fix=fix
+        )
+
+    if "id" not in raw:
+        raise CatalogError(shown, "missing required field 'id'", line=line, fix="add 'id: org/name'")
+    if not isinstance(entry_id, str) or not is_hub_id(entry_id):
+        raise err(
+            "id",
+            "not a Hub model id",
+            entry_id,
+            "use 'org/name' with letters, digits, '-', '_' or '.' (local checkpoints go through --model ./dir)",
+        )
+    task = raw.get("task", (None, line))[0]
+    if "task" not in raw:
+        raise CatalogError(
+            shown,
+            "missing required field 'task'",
+            line=line,
+            entry=entry,
+            fix=f"add 'task:' with one of {', '.join(TASKS)}",
+        )
+    if task not in TASKS:
+        raise err("task", "unknown task", task, f"use one of {', '.join(TASKS)}")
+    revision = _opt_str(raw, "revision", DEFAULT_REVISION, err)
+    dtype = _opt_str(raw, "dtype", DEFAULT_DTYPE, err)
+    if dtype not in DTYPES:
+        raise err("dtype", "unknown dtype", dtype, f"use one of {', '.join(DTYPES)}")
+    prompt = _opt_str(raw, "prompt", None, err)
+    if prompt is not None and not prompt.strip():
+        raise err("prompt", "prompt is empty", prompt, "write some text or drop the field")
+    if prompt is not None and task in EMBEDDING_TASKS:
+        raise err(
+            "prompt",
+            f"a {task} entry takes no prompt: it embeds a fixed set of sentences",
+            prompt,
+            "drop the field (docs/tasks.md lists the sentences)",
+        )
+    min_cosine = _parse_min_cosine(raw, task, err)
+    timeout = raw.get("timeout", (None, line))[0]
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0):
+        raise err("timeout", "must be a positive number of seconds", timeout, "write e.g. 'timeout: 1800', or drop it")
+    cores_value, cores_line = raw.get("cores", (None, line))
+    cores = check_cores(cores_value, shown, line=cores_line, entry=entry)
+    trust = raw.get("trust_remote_code", (False, line))[0]
+    if not isinstance(trust, bool):
+        raise err("trust_remote_code", "must be true or false", trust, "write true or false")
+    extra = _str_list(raw, "extra_packages", err)
+    tags = _str_list(raw, "tags", err)
+    exclusion = _parse_exclude(raw, err)
+    checks = _parse_checks(raw, task, err)
+    return ModelSpec(
+        id=entry_id,
+        task=task,
+        revision=revision or DEFAULT_REVISION,
+        dtype=dtype or DEFAULT_DTYPE,
+        prompt=prompt,
+        cores=cores,
+        trust_remote_code=trust,
+        extra_packages=extra,
+        exclude=exclusion,
+        tags=tags,
+        source="catalog",
+        line=line,
+        min_cosine=min_cosine,
+        timeout=None if timeout is None else float(timeout),
+        checks=checks,
+    )
+
+
+def _parse_checks(raw: Mapping[str, tuple[Any, int]], task: str, err: Any) -> tuple[str, ...]:
+    if "checks" not in raw or raw["checks"][0] is None:
+        return DEFAULT_CHECKS
+    value = raw["checks"][0]
+    allowed = ", ".join(CHECKS)
+    if not isinstance(value, list) or not value:
+        raise err(
+            "checks",
+            "must be a non-empty list of checks",
+            value,
+            f"write e.g. 'checks: [inference, train]' ({allowed})",
+        )
+    for check in value:
+        if check not in CHECKS:
+            raise err("checks", "unknown check", check, f"use one of {allowed}")
+    if len(set(value)) != len(value):
+        raise err("checks", "lists a check twice", value, "list each check once")
+    if "train" in value and task not in TRAIN_TASKS:
+        raise err(
+            "checks",
+            f"the train check fine-tunes a causal LM: it applies to {', '.join(TRAIN_TASKS)} only, not {task}",
+            value,
+            "drop 'train' from this entry's checks",
+        )
+    # Kept in the table's order, so an entry's items are the same whatever order it lists them in.
+    return tuple(check for check in CHECKS if check in value)
+
+
+def checks_of(model: ModelSpec, selected: Sequence[str] | None) -> tuple[str, ...]:
+    """The checks a run makes of ``model``: ``--check`` (``selected``) where given, limited to those
+    that apply to its task, else the entry's own ``checks``."""
+    if selected is None:
+        return model.checks
+    return tuple(c for c in CHECKS if c in selected and (c != "train" or model.task in TRAIN_TASKS))
+
+
+def _parse_min_cosine(raw: Mapping[str, tuple[Any, int]], task: str, err: Any) -> float | None:
+    if "min_cosine" not in raw or raw["min_cosine"][0] is None:
+        return None
+    value = raw["min_cosine"][0]
+    if task not in EMBEDDING_TASKS:
+        raise err(
+            "min_cosine",
+            f"only embedding tasks ({', '.join(EMBEDDING_TASKS)}) are judged by cosine similarity",
+            value,
+            "drop the field, or set the task to one of those",
+        )
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise err("min_cosine", "must be a number in (0, 1]", value, "write e.g. 'min_cosine: 0.999'")
+    return float(value)
+
+
+def _opt_str(raw: Mapping[str, tuple[Any, int]], name: str, default: str | None, err: Any) -> str | None:
+    if name not in raw or raw[name][0] is None:
+        return default
+    value = raw[name][0]
+    if not isinstance(value, str):
+        raise err(name, "must be a string", value, "quote the value")
+    return value
+
+
+def _str_list(raw: Mapping[str, tuple[Any, int]], name: str, err: Any) -> tuple[str, ...]:
+    if name not in raw or raw[name][0] is None:
+        return ()
+    value = raw[name][0]
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise err(name, "must be a list of non-empty strings", value, f"write '{name}: [a, b]'")
+    return tuple(value)
+
+
+def _parse_exclude(raw: Mapping[str, tuple[Any, int]], err: Any) -> Exclusion | None:
+    if "exclude" not in raw or raw["exclude"][0] is None:
+        return None
+    value = raw["exclude"][0]
+    if not isinstance(value, dict):
+        raise err("exclude", "must be a mapping", value, "write 'exclude: {reason: too-large, note: ...}'")
+    for key in value:
+        if key not in _EXCLUDE_FIELDS:
+            raise err("exclude", f"unknown key {key!r} under exclude", key, "allowed keys: reason, note")
+    reason = value.get("reason")
+    if reason not in EXCLUDE_REASONS:
+        raise err("exclude", "unknown exclusion reason", reason, f"use one of {', '.join(EXCLUDE_REASONS)}")
+    note = value.get("note", "")
+    if not isinstance(note, str):
+        raise err("exclude", "note must be a string", note, "quote the note")
+    return Exclusion(reason=reason, note=note)
+
+
+def check_cores(
+    value: object, source: str, *, line: int | None = None, entry: str | None = None, field: str | None = "cores"
+) -> int | None:
+    """The core count a catalog entry's ``cores:`` or a marker (``neuron_cores(n)``, ``neuron_model(cores=n)``)
+    sets, None when it sets none: one rule wherever the count comes from, so a count the catalog refuses
+    is never a marker's SKIP. :class:`CatalogError` names ``source`` (file and line, or the marker) and the
+    allowed counts."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value not in CORE_COUNTS:
+        raise CatalogError(
+            source,
+            "not an allowed core count",
+            line=line,
+            entry=entry,
+            field=field,
+            value=value,
+            fix=f"use one of {', '.join(map(str, CORE_COUNTS))}",
+        )
+    return value
+
+
+def cli_model(arg: str) -> ModelSpec:
+    """A ``--model`` argument: a Hub id, or an existing local directory written as a path."""
+    if arg.startswith((".", "/", "~")):
+        # Absolute but not resolved: a symlink keeps the name the user gave it, which is the item's id
+        # (``-k link`` selects ``--model=./link``); loading follows the link all the same.
+        directory = Path(os.path.abspath(Path(arg).expanduser()))
+        if not directory.is_dir():
+            raise CatalogError(
+                "--model",
+                "local checkpoint directory does not exist",
+                value=arg,
+                fix="name an existing directory that holds config.json",
+            )
+        return ModelSpec(id=str(directory), source="local")
+    if not is_hub_id(arg):
+        raise CatalogError(
+            "--model",
+            "not a Hub model id",
+            value=arg,
+            fix="use 'org/name', or './path' for a local checkpoint directory",
+        )
+    return ModelSpec(id=arg, source="cli")
+
+
+def merge_models(catalog: Sequence[ModelSpec], extra: Sequence[ModelSpec]) -> tuple[ModelSpec, ...]:
+    """Catalog entries followed by ``--model`` additions not already in the catalog."""
+    known = {m.id for m in catalog}
+    return tuple(catalog) + tuple(m for m in extra if m.id not in known)

@@ -1,0 +1,599 @@
+"""The one schema: every outcome is a :class:`Row`; results and stages have exact meanings.
+
+The Parquet schema, the dataset card's column table and the viewer's columns are all
+derived from :class:`Row`'s fields and their ``doc`` metadata, so they cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import platform
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from importlib import metadata
+from typing import Any
+
+from pytest_neuron_support.data.signatures import MAX_MESSAGE, signature
+from pytest_neuron_support.verdict.checks import GRAD_NORM_RTOL, LOSS_ATOL, LOSS_RTOL
+
+SCHEMA_VERSION = 8
+
+#: Every value of the ``result`` column and exactly what it means.
+RESULTS: Mapping[str, str] = {
+    "PASS": (
+        "The model loaded on the device with the catalog dtype, generate() compiled its decoding step "
+        "(at least one graph compiled, none silently skipped), its warm second generate() repeated the first "
+        "token for token, and the CPU check of the same checkpoint agreed (verdict_basis says which): "
+        "one core: every greedy token equals a free-running CPU run's and is the CPU model's top-1 under the "
+        "device's own prefix (teacher-forced); sharded: every device token is the CPU top-1 teacher-forced; "
+        "--parity near-tie also accepts disagreements that are near-ties; image-text-to-text: the same image "
+        "too; embedding tasks: every sentence's device embedding has cosine >= cosine_threshold with the CPU one. "
+        "A PASS whose fallback_ops is not empty ran those operations on the host, not the device: it is "
+        "flagged wherever results are shown. "
+        "Only where the host could not hold the model for the CPU check (verdict_basis 'judge') does a "
+        "sharded PASS rest on the fluency judge alone. It does not measure throughput or latency, longer "
+        "generations, sampling, batching, or accuracy on any benchmark."
+    ),
+    "FAIL": (
+        "The run finished but its output is wrong: stage 'parity' (tokens differ from the CPU reference or "
+        "are not the CPU top-1 teacher-forced; see first_divergence, first_disagreement, disagreement_deficit), "
+        "'generate' (the warm second generate() differs from the first; see repeat_divergence) or 'judge' "
+        "(only when the judge decided alone: a sharded run's text was judged not fluent)."
+    ),
+    "ERROR": (
+        "The run did not finish: it raised or died at failure_stage (load, compile, generate, reference, "
+        "or harness); error holds the exception type and message, or the signal that killed it."
+    ),
+    "TIMEOUT": (
+        "The run exceeded --model-timeout; its whole process group was killed. failure_stage is the stage it was in."
+    ),
+    "SKIPPED": (
+        "Not run for a reason outside the model's code: it needs more cores than allowed, cannot be "
+        "sharded, or needs remote code the user did not allow. error says why."
+    ),
+    "EXCLUDED": "Curated out in the catalog; exclude_reason and exclude_note say why. Not run.",
+}
+
+#: Every value of ``failure_stage``.
+STAGES: Mapping[str, str] = {
+    "plan": "choosing cores before anything runs (needs more cores than allowed, cannot shard: SKIPPED; "
+    "config or size unreadable: ERROR, set cores: N in the entry)",
+    "load": "from_pretrained onto the device (download, config, weights, placement)",
+    "compile": "first generate() (embedding tasks: first forward pass): graph capture and compilation, "
+    "or no graph compiled at all",
+    "generate": "second generate() (embedding tasks: second forward pass) and reading outputs back; a FAIL "
+    "here means the warm run's tokens differ from the first run's",
+    "reference": "a CPU run of the same checkpoint: the free-running reference or the teacher-forced check",
+    "parity": "comparing device tokens with the CPU (free-running and teacher-forced; embedding tasks: a cosine "
+    "below the threshold)",
+    "judge": "the fluency judge of a sharded run (decides only when the CPU check could not run)",
+    "train": "the training check (check = train): the Trainer's set-up and the optimizer steps after the first "
+    "(ERROR), or the per-step losses and gradient norms disagree with the same steps on CPU, a loss is not finite, "
+    "or a graph was compiled again after the first step (FAIL; train_first_bad_step says where)",
+    "harness": "the test harness itself (unreadable result, worker lost)",
+    "test": "a user's own test (its body, or a fixture of its own): an assertion failed (FAIL) or it raised (ERROR)",
+}
+
+
+#: Every value of ``verdict_basis``: which evidence decided the row's result.
+VERDICT_BASES: Mapping[str, str] = {
+    "parity+teacher-forced": (
+        "one-core generation: the device's greedy tokens against a free-running CPU run (the seed's exact "
+        "parity) and against a teacher-forced CPU pass over the device's own tokens; both must agree"
+    ),
+    "teacher-forced": (
+        "sharded generation: one CPU forward over prompt + the device's tokens; every device token must be the "
+        "CPU top-1 under its own prefix (--parity near-tie: or a near-tie). The judge ran too and its verdict "
+        "is kept beside it, but did not decide"
+    ),
+    "judge": (
+        "sharded generation whose CPU check could not run (cpu_check says why, e.g. the host cannot hold the "
+        "model): the fluency judge decided alone"
+    ),
+    "cosine": "embedding tasks: every sentence's cosine with the CPU embedding against cosine_threshold",
+    "train-losses": (
+        "the training check: the device's per-step losses and gradient norms against the same steps of the same "
+        "train.py on CPU (eager, same data and seed): every loss finite, abs(device - cpu) <= "
+        f"{LOSS_ATOL} + {LOSS_RTOL} x abs(cpu) per step, gradient norms within {GRAD_NORM_RTOL:.0%}, and no graph "
+        "compiled again after the first step"
+    ),
+    "repeat": "the warm second generate() (or forward) differed from the first: a FAIL at stage generate",
+    "run": "the run did not finish (ERROR or TIMEOUT): the exception, signal or timeout decided",
+    "plan": "not run: the planner's reason (SKIPPED at stage plan, or ERROR at plan when it could not inspect "
+    "the model)",
+    "catalog": "not run: the catalog's exclusion, or remote code not allowed (EXCLUDED)",
+    "test": "a user's own test (the test column) that used the plugin's fixtures: its own assertions decided",
+}
+
+
+def _doc(text: str, label: str | None = None) -> dict[str, str]:
+    """A column's definition, and the human label the viewer's table heads it with (unit included)."""
+    return {"doc": text} if label is None else {"doc": text, "label": label}
+
+
+@dataclass(frozen=True)
+class Stack:
+    """Software stack versions; a Parquet file holds rows of one (neuronx_cc, library, version).
+
+    Attributes:
+        neuronx_cc: neuronx-cc compiler version, ``none`` off Trainium.
+        torch_neuronx: torch-neuronx version, ``none`` off Trainium.
+        torch: PyTorch version.
+        library: the model library checked (``transformers``).
+        library_version: its version.
+        python: interpreter version.
+    """
+
+    neuronx_cc: str
+    torch_neuronx: str
+    torch: str
+    library: str
+    library_version: str
+    python: str
+
+
+def _version(dist: str) -> str:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "none"
+
+
+def current_stack() -> Stack:
+    """Versions installed for this interpreter, read from package metadata (imports nothing)."""
+    return Stack(
+        neuronx_cc=_version("neuronx-cc"),
+        torch_neuronx=_version("torch-neuronx"),
+        torch=_version("torch"),
+        library="transformers",
+        library_version=_version("transformers"),
+        python=platform.python_version(),
+    )
+
+
+@dataclass(frozen=True)
+class Row:
+    """One outcome for one model on one stack: the unit of the dataset.
+
+    Every item (pass, fail, error, timeout, skip, exclusion) becomes exactly one row. Field
+    docs (``doc`` metadata) are the dataset card's column definitions.
+    """
+
+    model_id: str = field(metadata=_doc("Hub id (org/name), or the absolute path of a local checkpoint", label="Model"))
+    result: str = field(
+        metadata=_doc("PASS, FAIL, ERROR, TIMEOUT, SKIPPED or EXCLUDED (defined below)", label="Result")
+    )
+    revision: str = field(default="main", metadata=_doc("revision asked for (branch, tag or commit)"))
+    task: str = field(
+        default="text-generation",
+        metadata=_doc("text-generation, image-text-to-text, feature-extraction or sentence-similarity", label="Task"),
+    )
+    source: str = field(
+        default="catalog",
+        metadata=_doc("catalog, cli (--model ID), local (--model ./dir) or test (a user's test: see the test column)"),
+    )
+    test: str = field(
+        default="",
+        metadata=_doc(
+            "node id of the user's own test that made this row with the plugin's fixtures (file::name[params]); "
+            "its model_id is the test's model, or the node id when it checks none. Empty for catalog items"
+        ),
+    )
+    failure_stage: str | None = field(
+        default=None, metadata=_doc("stage that failed (defined below); null on PASS", label="Failed at")
+    )
+    check: str = field(
+        default="inference",
+        metadata=_doc(
+            "which check made the row: inference (run.py: compiled greedy generation against the CPU) or train "
+            "(train.py: a few Trainer optimizer steps against the same steps on CPU); a model checked both ways "
+            "has one row of each",
+            label="Check",
+        ),
+    )
+    train_steps: int | None = field(
+        default=None, metadata=_doc("check train: optimizer steps the device run took (max_steps)")
+    )
+    train_batch_size: int | None = field(
+        default=None, metadata=_doc("check train: examples per step per rank, each padded to train_max_length")
+    )
+    train_global_batch: int | None = field(
+        default=None,
+        metadata=_doc(
+            "check train: examples per step over all ranks (FSDP ranks each take their own batch; tensor-parallel "
+            "ranks share one): what the CPU side takes per step in its one process"
+        ),
+    )
+    train_max_length: int | None = field(
+        default=None, metadata=_doc("check train: tokens per example (padding='max_length': fixed shapes)")
+    )
+    train_losses: tuple[float, ...] = field(
+        default=(), metadata=_doc("check train: the device's training loss at each optimizer step, in order")
+    )
+    cpu_train_losses: tuple[float, ...] = field(
+        default=(), metadata=_doc("check train: the CPU's loss at each step (same train.py, eager, same data and seed)")
+    )
+    train_grad_norms: tuple[float, ...] = field(
+        default=(), metadata=_doc("check train: the device's gradient norm (before clipping) at each step")
+    )
+    cpu_train_grad_norms: tuple[float, ...] = field(
+        default=(), metadata=_doc("check train: the CPU's gradient norm at each step")
+    )
+    train_first_bad_step: int | None = field(
+        default=None,
+        metadata=_doc(
+            "check train: the first optimizer step (1-based) whose loss or gradient norm is off the CPU's or not "
+            "finite; null when every step agrees"
+        ),
+    )
+    train_max_loss_delta: float | None = field(
+        default=None, metadata=_doc("check train: the largest abs(device - cpu) loss difference over the steps (nats)")
+    )
+    train_first_step_s: float | None = field(
+        default=None,
+        metadata=_doc("check train: seconds of the first optimizer step, its compile included", label="First step (s)"),
+    )
+    train_steps_per_s: float | None = field(
+        default=None,
+        metadata=_doc("check train: optimizer steps per second after the first (compiled, warm)", label="Steps/s"),
+    )
+    train_state_bytes: int | None = field(
+        default=None,
+        metadata=_doc(
+            "check train: bytes of weights, gradients and optimizer state train.py held (rank 0's shard when "
+            "sharded): what the planner's training memory model (4 x the weights' bytes) estimates"
+        ),
+    )
+    error: str | None = field(
+        default=None, metadata=_doc("exception type and message, signal, or skip reason", label="Error")
+    )
+    # Derived, never passed: made from the row's own fields whenever a row is built (from_mapping
+    # and replace() included), so every row has it, crash rows too, and rows read from a dataset
+    # written before the column existed, or under older rules, compare under the current ones.
+    signature: str | None = field(
+        default=None,
+        init=False,
+        metadata=_doc(
+            "the failure's root cause, the same for every model that fails the same way (ERROR, FAIL and "
+            "TIMEOUT rows; null otherwise): '<stage>: <ExceptionType>[ <operation or module>]: <message>' with the "
+            "row's model id, paths, addresses, hex ids, shapes, sizes, times and numbers normalised away (signals, "
+            "exit codes and errno kept), the message's first line (continued while it ends with ':') cut to "
+            f"{MAX_MESSAGE} characters; out-of-memory errors as 'OutOfMemory device|host'; parity FAILs by where "
+            "tokens first went wrong (token 0, 1-3, 4-15, 16-31, 32+) and which check failed; recomputed whenever "
+            "a row is read. `neuron-support failures` groups models by it",
+            label="Failure signature",
+        ),
+    )
+    exclude_reason: str | None = field(default=None, metadata=_doc("catalog exclusion reason"))
+    exclude_note: str | None = field(default=None, metadata=_doc("catalog exclusion note"))
+    tags: tuple[str, ...] = field(default=(), metadata=_doc("catalog tags"))
+    device: str = field(default="cpu", metadata=_doc("device kind the run used: neuron, cuda or cpu", label="Device"))
+    neuron_cores: int | None = field(
+        default=None, metadata=_doc("cores (devices off Trainium) the run used", label="Cores")
+    )
+    tp_size: int | None = field(default=None, metadata=_doc("tensor-parallel size (1 = not sharded)", label="TP"))
+    ep_size: int | None = field(default=None, metadata=_doc("expert-parallel size (1 = not sharded)", label="EP"))
+    plan_reason: str | None = field(default=None, metadata=_doc("why the planner chose this core count"))
+    parameters: int | None = field(
+        default=None,
+        metadata=_doc("parameter count read from the safetensors metadata (null if not inspected)", label="Parameters"),
+    )
+    weight_bytes: int | None = field(
+        default=None, metadata=_doc("bytes the weights take on the device in the run dtype (null if not inspected)")
+    )
+    distributed_config: str | None = field(
+        default=None,
+        metadata=_doc(
+            "JSON of the DistributedConfig arguments a sharded run loaded with (check train: the one it trained with)"
+        ),
+    )
+    distributed_attempts: str | None = field(
+        default=None,
+        metadata=_doc(
+            "JSON list of the DistributedConfig argument sets tried before distributed_config and why each failed "
+            "(config, error; check train: the stage too, e.g. the Trainer refusing tensor parallelism); null "
+            "when the first one worked or the run was not sharded"
+        ),
+    )
+    first_core: int | None = field(default=None, metadata=_doc("first core of the leased contiguous range"))
+    lease_start: float | None = field(default=None, metadata=_doc("epoch seconds the run started on its lease"))
+    lease_end: float | None = field(
+        default=None,
+        metadata=_doc("epoch seconds the device run ended and the lease was released (the verdict runs after)"),
+    )
+    dtype: str = field(default="bfloat16", metadata=_doc("weights dtype on the device"))
+    reference_dtype: str | None = field(default=None, metadata=_doc("dtype of the CPU reference run"))
+    compile_backend: str | None = field(default=None, metadata=_doc("torch.compile backend of generate()"))
+    prompt: str | None = field(default=None, metadata=_doc("prompt text"))
+    max_new_tokens: int | None = field(default=None, metadata=_doc("greedy tokens asked for"))
+    graphs_compiled: int | None = field(
+        default=None,
+        metadata=_doc("graphs compiled by the first generate() (check train: by all the training steps)"),
+    )
+    recompiles: int | None = field(
+        default=None,
+        metadata=_doc(
+            "graphs compiled again by the second generate() (check train: graphs compiled after the first "
+            "optimizer step; fixed shapes need none, so any is a FAIL)"
+        ),
+    )
+    run_s: float | None = field(
+        default=None,
+        metadata=_doc("wall seconds of the device run.py, compile included", label="Run time incl. compile (s)"),
+    )
+    load_s: float | None = field(default=None, metadata=_doc("seconds in from_pretrained"))
+    compile_s: float | None = field(
+        default=None, metadata=_doc("first generate() minus second generate(): the compile cost", label="Compile (s)")
+    )
+    first_generate_s: float | None = field(default=None, metadata=_doc("seconds of the first generate()"))
+    generate_s: float | None = field(default=None, metadata=_doc("seconds of the second (compiled) generate()"))
+    time_to_first_token_s: float | None = field(
+        default=None,
+        metadata=_doc(
+            "warm (second) generate(): seconds from its call to the first new token on the host (the prefill "
+            "and one decoding step; the cold run's compile is in compile_s, not here)",
+            label="Time to first token (s)",
+        ),
+    )
+    decode_tokens_per_s: float | None = field(
+        default=None,
+        metadata=_doc(
+            "warm (second) generate(): new tokens per second after the first (the compiled decoding step); "
+            "null for embedding tasks",
+            label="Decode (tokens/s)",
+        ),
+    )
+    reference_s: float | None = field(default=None, metadata=_doc("wall seconds of the CPU reference run"))
+    reference_cached: bool | None = field(
+        default=None, metadata=_doc("the CPU reference came from the reference cache (same key, same commit)")
+    )
+    persistent_cache_hits: int | None = field(
+        default=None,
+        metadata=_doc(
+            "lookups the device's persistent (on-disk) compile cache answered during the two generate() calls. "
+            "neuron: every kernel that passed torch-neuronx's C++ compilation cache, the eager prefill's "
+            "per-op kernels as well as the torch.compile'd graphs (_C._get_compilation_cache_stats, "
+            "TORCH_NEURONX_METRICS_ENABLED=1); cpu/cuda: inductor's FX-graph cache hits "
+            "(counters['inductor']['fxgraph_cache_hit']), compiled graphs only. Null where the device's "
+            "stats API is absent from the installed wheel (unknown, not zero)"
+        ),
+    )
+    persistent_cache_misses: int | None = field(
+        default=None,
+        metadata=_doc(
+            "lookups the same cache could not answer, so the kernel (neuron: graph or eager op) or FX graph "
+            "(cpu/cuda) was compiled; null where the stats API is absent (unknown, not zero)"
+        ),
+    )
+    peak_device_memory_bytes: int | None = field(
+        default=None,
+        metadata=_doc(
+            "the device allocator's peak on one core (torch.<device>.max_memory_allocated after synchronize: "
+            "tensors only, no compiled code, scratchpad or collective buffers); sharded: the largest rank's; "
+            "null on cpu",
+            label="Peak device memory",
+        ),
+    )
+    peak_device_memory_by_rank: tuple[int, ...] = field(
+        default=(), metadata=_doc("sharded runs: each rank's allocator peak on its own core, by rank")
+    )
+    fallback_ops: tuple[str, ...] = field(
+        default=(),
+        metadata=_doc(
+            "operations that ran on the host instead of the device (torch-neuronx's get_fallback_ops(): the eager "
+            "prefill can fall back silently); a PASS with any is flagged"
+        ),
+    )
+    peak_host_rss_bytes: int | None = field(default=None, metadata=_doc("peak resident memory of run.py"))
+    cpu_threads: int | None = field(
+        default=None,
+        metadata=_doc(
+            "intra-op CPU threads the device run.py ran with (its torch.get_num_threads(); the session's "
+            "--cpu-threads, by default the usable CPUs shared among the workers' concurrent runs); every "
+            "timing above was measured with it",
+            label="CPU threads",
+        ),
+    )
+    tokens: tuple[int, ...] = field(default=(), metadata=_doc("generated token ids on the device"))
+    text: str | None = field(default=None, metadata=_doc("generated text on the device"))
+    reference_tokens: tuple[int, ...] = field(default=(), metadata=_doc("generated token ids on CPU"))
+    reference_match: bool | None = field(
+        default=None,
+        metadata=_doc(
+            "all tokens equal the CPU reference (embedding tasks: every cosine >= cosine_threshold); "
+            "null when no reference ran"
+        ),
+    )
+    matched_prefix: int | None = field(default=None, metadata=_doc("leading tokens equal to the reference"))
+    first_divergence: int | None = field(default=None, metadata=_doc("index of the first differing token"))
+    device_token: int | None = field(default=None, metadata=_doc("device token at the first divergence"))
+    reference_token: int | None = field(default=None, metadata=_doc("reference token at the first divergence"))
+    logprob_gap: float | None = field(
+        default=None,
+        metadata=_doc("reference logprob of its token minus that of the device token, at the divergence (nats)"),
+    )
+    judge_model: str | None = field(default=None, metadata=_doc("model that judged a sharded run's fluency"))
+    judge_revision: str | None = field(default=None, metadata=_doc("the judge's resolved revision"))
+    judge_verdict: str | None = field(
+        default=None, metadata=_doc("fluent, not fluent, or 'precheck: <why>' when cheap checks failed first")
+    )
+    judge_score: float | None = field(default=None, metadata=_doc("judge's P(yes | yes or no) for 'is it fluent?'"))
+    min_cosine: float | None = field(
+        default=None,
+        metadata=_doc("embedding tasks: the smallest cosine similarity between a sentence's device and CPU embeddings"),
+    )
+    cosine_threshold: float | None = field(
+        default=None, metadata=_doc("embedding tasks: the cosine every sentence must reach to PASS")
+    )
+    near_tie: bool | None = field(
+        default=None,
+        metadata=_doc(
+            "the first divergence is a near-tie: each token in the other run's top-5 and their gap <= 0.5 nats "
+            "(numeric drift, not a broken model); null when the runs agree"
+        ),
+    )
+    verdict_basis: str | None = field(
+        default=None,
+        metadata=_doc("which evidence decided the result (the values are defined below)", label="Decided by"),
+    )
+    cpu_check: str | None = field(
+        default=None,
+        metadata=_doc(
+            "the teacher-forced CPU check: ran, cached, reused (the free-running reference generated the same "
+            "tokens, and its own teacher-forced pass is this one), or 'skipped: <why>'; null when it does not apply"
+        ),
+    )
+    cpu_check_s: float | None = field(default=None, metadata=_doc("wall seconds of the teacher-forced CPU run"))
+    positions_checked: int | None = field(
+        default=None, metadata=_doc("device tokens the teacher-forced CPU check scored")
+    )
+    positions_disagreeing: int | None = field(
+        default=None, metadata=_doc("positions whose device token is not the CPU top-1 under the device's prefix")
+    )
+    first_disagreement: int | None = field(
+        default=None, metadata=_doc("index of the first such position (null when none)")
+    )
+    disagreement_device_token: int | None = field(
+        default=None, metadata=_doc("the device's token at first_disagreement")
+    )
+    disagreement_cpu_token: int | None = field(default=None, metadata=_doc("the CPU top-1 at first_disagreement"))
+    disagreement_rank: int | None = field(
+        default=None,
+        metadata=_doc("rank of the device token in the CPU distribution at first_disagreement (0 = top-1)"),
+    )
+    disagreement_deficit: float | None = field(
+        default=None,
+        metadata=_doc("CPU logprob of its top-1 minus that of the device token at first_disagreement (nats)"),
+    )
+    max_logprob_deficit: float | None = field(
+        default=None, metadata=_doc("the largest such deficit over all positions (nats; 0 when all agree)")
+    )
+    disagreements_near_tie: bool | None = field(
+        default=None,
+        metadata=_doc(
+            "every disagreement is a near-tie: the device token in the CPU top-5, the CPU top-1 in the device's "
+            "top-5, deficit <= 0.5 nats; null when none disagree"
+        ),
+    )
+    repeat_identical: bool | None = field(
+        default=None,
+        metadata=_doc("the warm second generate() gave the first one's tokens (embedding tasks: the same vectors)"),
+    )
+    repeat_divergence: int | None = field(
+        default=None, metadata=_doc("first position where the second generate()'s tokens part from the first's")
+    )
+    graph_breaks: int | None = field(
+        default=None,
+        metadata=_doc("Dynamo graph breaks while compiling (each one more graph, on neuron one more compile)"),
+    )
+    graph_break_reasons: tuple[str, ...] = field(default=(), metadata=_doc("distinct graph-break reasons, at most 5"))
+    excess_graphs: int | None = field(
+        default=None,
+        metadata=_doc(
+            "graphs compiled beyond what static shapes need (one decoding-step graph; embedding tasks one forward "
+            "graph); > 0 is flagged in the viewer"
+        ),
+    )
+    recompile_limit: str | None = field(
+        default=None,
+        metadata=_doc(
+            "Dynamo's warning when a compiled function hit its recompile limit (torch._dynamo.config.recompile_limit) "
+            "during the two runs: the limit, the function and the guard that failed last. Past it Dynamo runs that "
+            "function uncompiled (eager), so the later steps and the decode timings are not the compiled graph's; "
+            "the tokens are still checked as any run's. Flagged in the viewer"
+        ),
+    )
+    self_check: str | None = field(
+        default=None,
+        metadata=_doc(
+            "the host's `neuron-support doctor` self-check for this device that the session found in the results "
+            "folder (doctor.json): 'passed: <summary> at <time>' or 'FAILED: ...'; null when none was run"
+        ),
+    )
+    neuronx_cc: str = field(
+        default="none", metadata=_doc("neuronx-cc version (its own __version__), none off Trainium")
+    )
+    torch_neuronx: str = field(default="none", metadata=_doc("torch-neuronx version, none off Trainium"))
+    torch: str = field(default="", metadata=_doc("PyTorch version"))
+    library: str = field(default="transformers", metadata=_doc("library checked"))
+    library_version: str = field(default="", metadata=_doc("its version"))
+    python: str = field(default="", metadata=_doc("Python version"))
+    runscript: str | None = field(default=None, metadata=_doc("the exact run.py that ran on the device"))
+    timestamp: str = field(default="", metadata=_doc("UTC time the row was made (ISO 8601)"))
+    plugin_version: str = field(default="", metadata=_doc("pytest-neuron-support version"))
+    settings_hash: str = field(
+        default="", metadata=_doc("hash of the settings that shaped the check (prompt, tokens, dtype, device, ...)")
+    )
+    schema_version: int = field(default=SCHEMA_VERSION, metadata=_doc("version of this schema"))
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "signature", signature(self))
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any]) -> Row:
+        """Rebuild a row from JSON or a Parquet record; unknown keys are ignored."""
+        kwargs: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            name = f.name
+            if data.get(name) is None and _RENAMED.get(name) in data:  # a row written before the rename
+                name = _RENAMED[name]
+            if name not in data or not f.init:  # a derived column is made again, not read
+                continue
+            value = data[name]
+            if COLUMN_TYPES[f.name].startswith("list") and value is not None:
+                value = tuple(value.tolist() if hasattr(value, "tolist") else value)
+            elif value is not None and hasattr(value, "item"):
+                value = value.item()  # numpy scalar from pandas
+            if isinstance(value, float) and value != value and not COLUMN_TYPES[f.name].startswith("double"):
+                value = None  # pandas NaN for a missing integer
+            kwargs[f.name] = value
+        return cls(**kwargs)
+
+    @classmethod
+    def from_json(cls, text: str) -> Row:
+        return cls.from_mapping(json.loads(text))
+
+
+#: Columns renamed since an older schema: new name -> old. The old columns counted the same thing
+#: (their docs said "compiled graphs", which was wrong on neuron), so older datasets keep their values.
+_RENAMED: Mapping[str, str] = {
+    "persistent_cache_hits": "compile_cache_hits",
+    "persistent_cache_misses": "compile_cache_misses",
+}
+
+
+_ARROW_TYPES: Mapping[str, str] = {
+    "str": "string",
+    "str | None": "string",
+    "int": "int64",
+    "int | None": "int64",
+    "float | None": "double",
+    "bool": "bool",
+    "bool | None": "bool",
+    "tuple[int, ...]": "list<int64>",
+    "tuple[str, ...]": "list<string>",
+    "tuple[float, ...]": "list<double>",
+}
+
+#: column name -> Arrow type name, in schema order.
+COLUMN_TYPES: Mapping[str, str] = {f.name: _ARROW_TYPES[str(f.type)] for f in dataclasses.fields(Row)}
+#: column name -> definition, in schema order.
+COLUMN_DOCS: Mapping[str, str] = {f.name: f.metadata["doc"] for f in dataclasses.fields(Row)}
+#: column name -> the human label the viewer's table heads it with (the name itself where none is set).
+COLUMN_LABELS: Mapping[str, str] = {f.name: f.metadata.get("label", f.name) for f in dataclasses.fields(Row)}
+
+
+def arrow_schema() -> Any:
+    """The Parquet schema, derived from :class:`Row` (imports pyarrow lazily)."""
+    import pyarrow as pa
+
+    scalar = {"string": pa.string(), "int64": pa.int64(), "double": pa.float64(), "bool": pa.bool_()}
+    fields = []
+    for name, type_name in COLUMN_TYPES.items():
+        arrow_type = pa.list_(scalar[type_name[5:-1]]) if type_name.startswith("list<") else scalar[type_name]
+        fields.append(pa.field(name, arrow_type, metadata={"doc": COLUMN_DOCS[name]}))
+    return pa.schema(fields, metadata={"schema_version": str(SCHEMA_VERSION)})

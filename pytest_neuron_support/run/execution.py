@@ -1,0 +1,208 @@
+"""Run a rendered run.py in a fresh process of its own, and say what happened to it.
+
+Each run gets its own session (process group), so a timeout kills the script and anything
+it started (compiler workers, torch.distributed ranks): leaked children would keep device
+cores reserved. A child killed by a signal cannot report itself, so the parent classifies
+it, using the last stage marker the script printed. What it leaves behind (its log, its result
+and its ranks') has every token of its environment masked before anything reads it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import json
+import os
+import re
+import resource
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pytest_neuron_support.base.redaction import scrub_files
+
+_STAGE_MARKER = re.compile(r"^\[neuron-support\] stage=(\w+)$", re.MULTILINE)
+
+
+def last_stage(log_text: str) -> str:
+    """The last stage marker a run.py printed to its log ("start" if none yet)."""
+    stages = _STAGE_MARKER.findall(log_text)
+    return str(stages[-1]) if stages else "start"
+
+
+_KILL_GRACE_S = 5.0
+
+
+@dataclass(frozen=True)
+class ProcessOutcome:
+    """How one run.py process ended.
+
+    Attributes:
+        returncode: exit status; negative is the signal that killed it (Popen convention).
+        timed_out: the harness killed its process group at the timeout.
+        wall_s: seconds from start to exit.
+        result: the script's JSON result, or None if it wrote none (killed, crashed).
+        last_stage: the last stage marker it printed ("start" if none).
+        log_path: its combined stdout/stderr.
+    """
+
+    returncode: int
+    timed_out: bool
+    wall_s: float
+    result: Mapping[str, Any] | None
+    last_stage: str
+    log_path: Path
+
+    @property
+    def signal_name(self) -> str | None:
+        if self.returncode >= 0:
+            return None
+        try:
+            return signal.Signals(-self.returncode).name
+        except ValueError:
+            return f"signal {-self.returncode}"
+
+    def log_tail(self, chars: int = 4000) -> str:
+        try:
+            text = self.log_path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return ""
+        return text[-chars:]
+
+
+def _kill_group(pgid: int) -> None:
+    """SIGTERM the whole group, then SIGKILL whatever is left after a grace period."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + _KILL_GRACE_S
+    while time.monotonic() < deadline:
+        if not group_alive(pgid):
+            return
+        time.sleep(0.05)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def end_with_parent() -> None:
+    """Ask the kernel to SIGKILL this process when its parent dies (Linux ``PR_SET_PDEATHSIG``;
+    elsewhere nothing happens). An xdist worker calls it, so a controller killed outright takes its
+    workers along, and with them (run.py does the same) every run and rank holding device cores."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() == 1:  # already orphaned before the kernel was asked
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _address_space_limit(nbytes: int) -> Callable[[], None]:
+    def apply() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (nbytes, nbytes))
+
+    return apply
+
+
+def group_alive(pgid: int) -> bool:
+    """True while any process of group ``pgid`` exists (zombies included)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _wait(proc: subprocess.Popen[bytes], timeout: float, cancel: threading.Event | None) -> int:
+    """``proc.wait(timeout)``, also giving up (TimeoutExpired) as soon as ``cancel`` is set."""
+    if cancel is None:
+        return proc.wait(timeout=timeout)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return proc.wait(timeout=max(0.0, min(0.2, deadline - time.monotonic())))
+        except subprocess.TimeoutExpired:
+            if cancel.is_set() or time.monotonic() >= deadline:
+                raise
+
+
+def run_script(
+    script: Path,
+    out: Path,
+    *,
+    env: Mapping[str, str],
+    timeout: float,
+    log_path: Path,
+    python: str = sys.executable,
+    memory_limit: int | None = None,
+    cancel: threading.Event | None = None,
+) -> ProcessOutcome:
+    """Run ``python script --out out`` in a new session and wait at most ``timeout`` seconds.
+
+    ``memory_limit`` caps the child's address space (bytes): a model that would exhaust the
+    host fails alone, with a MemoryError row, instead of inviting the kernel's OOM killer.
+    Setting ``cancel`` (from another thread) kills the process group early, like a timeout
+    that is not the script's fault (``timed_out`` stays False).
+    """
+    limit = None if memory_limit is None else _address_space_limit(memory_limit)
+    with contextlib.suppress(FileNotFoundError):
+        out.unlink()
+    start = time.monotonic()
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [python, str(script), "--out", str(out)],
+            cwd=str(script.parent),
+            # run.py then asks the kernel to end it (and its ranks) with this process.
+            env={**env, "NEURON_SUPPORT_HARNESS": "1"},
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: killable as a whole
+            preexec_fn=limit,
+        )
+        timed_out = False
+        try:
+            returncode = _wait(proc, timeout, cancel)
+        except subprocess.TimeoutExpired:
+            timed_out = cancel is None or not cancel.is_set()
+            _kill_group(proc.pid)
+            returncode = proc.wait()
+        except BaseException:
+            # Interrupted (Ctrl-C, pytest teardown): never leave the group running.
+            _kill_group(proc.pid)
+            proc.wait()
+            raise
+        # The script is gone; anything it started and left behind goes too.
+        if group_alive(proc.pid):
+            _kill_group(proc.pid)
+    wall_s = time.monotonic() - start
+    # The script had the tokens in its environment (downloads need them), so its own output (a
+    # print in a post-load hook, a traceback quoting a URL) can hold one. Mask them in the files
+    # now, the group being gone: the rows, the terminal and a published results directory are all
+    # read from these files. Ranks write ``<out>.rank<i>``. This process's own tokens too, in case
+    # a caller gave the script an environment without them that it found anyway.
+    ranks = out.parent.glob(f"{glob.escape(out.name)}.rank*")
+    scrub_files([log_path, out, *ranks], env, os.environ)
+    result: Mapping[str, Any] | None = None
+    if out.exists():
+        try:
+            result = json.loads(out.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            result = None
+    log_text = log_path.read_text(encoding="utf-8", errors="replace")
+    return ProcessOutcome(
+        returncode=returncode,
+        timed_out=timed_out,
+        wall_s=wall_s,
+        result=result,
+        last_stage=last_stage(log_text),
+        log_path=log_path,
+    )

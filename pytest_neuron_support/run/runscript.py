@@ -1,0 +1,253 @@
+"""Render the standalone ``run.py`` that checks one model on one device.
+
+The script imports only the standard library, torch and transformers; every setting is
+written into its ``SPEC`` literal, so the file stored with a result is exactly what ran and
+``python3 run.py`` reproduces it on any machine with the same stack.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pprint
+import sys
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pytest_neuron_support import __version__
+from pytest_neuron_support.run.devices import DeviceKind
+from pytest_neuron_support.tasks.table import TASKS
+from pytest_neuron_support.verdict.checks import JUDGE_QUESTION, JUDGE_THRESHOLD, NO_WORDS, YES_WORDS
+
+if TYPE_CHECKING:
+    from pytest_neuron_support.run.execution import ProcessOutcome
+
+_SPEC_MARKER = "SPEC = {}  # @@SPEC@@"
+#: Ends the first line of run.py's / train.py's import statement that templates/common.py's code
+#: replaces, and, in common.py, the line after which that code starts.
+_COMMON_MARKER = "# @@COMMON@@"
+_COMMON_HOSTS = ("run.py", "train.py")
+#: (width, height) of the test card run.py draws for image-text-to-text runs (run.py's fixed_image).
+TEST_CARD_SIZE: tuple[int, int] = (224, 224)
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """Everything one run.py needs, written into it verbatim.
+
+    Attributes:
+        model: Hub id, or absolute path of a local checkpoint.
+        revision: revision to load.
+        task: catalog task (selects the loading and input code in the script).
+        dtype: torch dtype name for the weights.
+        prompt: prompt text.
+        max_new_tokens: greedy tokens to generate.
+        device: the device kind's table row.
+        compile: compile decoding (device runs) or stay eager (CPU reference runs).
+        compile_backend: torch.compile backend when compiling.
+        top_k: logprobs kept per generated position (near-tie analysis needs 5).
+        trust_remote_code: passed to from_pretrained; True only when catalog and user opt in.
+        post_load: Python run after loading with ``model`` bound (from the
+            ``pytest_neuron_support_post_load`` hook); empty by default.
+        world_size: ranks to spawn (one per leased core); 1 runs in the script's own process.
+        distributed_configs: ``DistributedConfig`` keyword sets to try in order (the first
+            that loads is used and recorded); empty when not sharded.
+        sentences: the sentences an embedding task embeds (empty for generation tasks).
+        image_size: (width, height) of the test card run.py draws for image-text-to-text.
+        forced_tokens: set for the teacher-forced CPU check: the device's tokens, scored under the
+            device's own prefix in one forward pass instead of generating; None otherwise.
+        score_own_tokens: a generating run also scores its own tokens teacher-forced (CPU
+            references: their pass is the CPU check of a device run that generated the same tokens).
+    """
+
+    model: str
+    revision: str
+    task: str
+    dtype: str
+    prompt: str
+    max_new_tokens: int
+    device: DeviceKind
+    compile: bool
+    compile_backend: str
+    top_k: int = 5
+    trust_remote_code: bool = False
+    post_load: str = ""
+    world_size: int = 1
+    distributed_configs: tuple[dict[str, Any], ...] = ()
+    sentences: tuple[str, ...] = ()
+    image_size: tuple[int, int] = TEST_CARD_SIZE
+    forced_tokens: tuple[int, ...] | None = None
+    score_own_tokens: bool = False
+
+    def to_spec(self) -> dict[str, Any]:
+        spec = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        spec["device"] = self.device.as_runscript_spec()
+        spec["distributed_configs"] = [dict(c) for c in self.distributed_configs]
+        spec["sentences"] = list(self.sentences)
+        spec["image_size"] = list(self.image_size)
+        spec["forced_tokens"] = None if self.forced_tokens is None else list(self.forced_tokens)
+        # The task's row of the one task table: run.py is standalone and cannot import it.
+        task = TASKS[self.task]
+        spec["auto_class"], spec["inputs"] = task.auto_class, task.inputs
+        return spec
+
+
+@dataclass(frozen=True)
+class TrainSpec:
+    """Everything one train.py needs, written into it verbatim (templates/train.py).
+
+    Attributes:
+        model: Hub id, or absolute path of a local checkpoint.
+        revision: revision to load.
+        dtype: torch dtype name for the weights; ``bfloat16`` also sets ``TrainingArguments(bf16=True)``.
+        device: the device kind's table row.
+        compile: ``TrainingArguments(torch_compile=...)``: device runs compile, the CPU side is eager.
+        compile_backend: ``torch_compile_backend`` when compiling.
+        steps: optimizer steps (``max_steps``).
+        batch_size: ``per_device_train_batch_size``.
+        max_length: every example is padded (``padding="max_length"``) or cut to this many tokens.
+        learning_rate: constant learning rate (no warm-up, no decay, no weight decay).
+        seed: ``TrainingArguments(seed=, data_seed=)`` and ``torch.manual_seed``.
+        texts: the fixed text set, cycled to ``steps x batch_size`` examples in order.
+        trust_remote_code: passed to from_pretrained; True only when catalog and user opt in.
+        post_load: Python run after loading with ``model`` bound (the post-load hook); empty by default.
+        world_size: ranks to spawn (one per leased core); 1 runs in the script's own process.
+        distributed_configs: ``DistributedConfig`` keyword sets to try in order; empty when not sharded.
+    """
+
+    model: str
+    revision: str
+    dtype: str
+    device: DeviceKind
+    compile: bool
+    compile_backend: str
+    steps: int
+    batch_size: int
+    max_length: int
+    learning_rate: float
+    seed: int
+    texts: tuple[str, ...]
+    trust_remote_code: bool = False
+    post_load: str = ""
+    world_size: int = 1
+    distributed_configs: tuple[dict[str, Any], ...] = ()
+
+    def to_spec(self) -> dict[str, Any]:
+        spec = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        spec["device"] = self.device.as_runscript_spec()
+        spec["distributed_configs"] = [dict(c) for c in self.distributed_configs]
+        spec["texts"] = list(self.texts)
+        return spec
+
+
+@dataclass(frozen=True)
+class JudgeSpec:
+    """What judge.py asks: is ``text`` fluent English, according to ``judge_model``?
+
+    Attributes:
+        judge_model: Hub id (or local path) of a small instruct causal LM.
+        judge_revision: its revision.
+        text: the generated text being judged.
+        threshold: P(yes | yes or no) at or above which the text is judged fluent.
+        question: the question, with ``{text}`` where the text goes.
+        yes_words / no_words: answers whose first tokens count as yes / no.
+    """
+
+    judge_model: str
+    judge_revision: str
+    text: str
+    threshold: float = JUDGE_THRESHOLD
+    question: str = JUDGE_QUESTION
+    yes_words: tuple[str, ...] = YES_WORDS
+    no_words: tuple[str, ...] = NO_WORDS
+
+
+def template(name: str = "run.py") -> str:
+    """A file of the package's ``templates/`` folder (run.py, judge.py, the viewer's page); run.py and
+    train.py come with their shared code (common.py) already spliced in, so their text runs as is."""
+    source = resources.files("pytest_neuron_support").joinpath(f"templates/{name}").read_text(encoding="utf-8")
+    return _with_common(source) if name in _COMMON_HOSTS else source
+
+
+def _with_common(source: str) -> str:
+    # Spliced, not imported: the rendered script must run with nothing of this package installed.
+    # The host's marker ends the first line of a whole import statement (it tells ruff where the
+    # names come from), which may go on over more lines, up to the one closing its parenthesis.
+    shared = template("common.py").split(f"{_COMMON_MARKER}\n", 1)[1].strip("\n")
+    lines = source.split("\n")
+    marked = [i for i, line in enumerate(lines) if line.endswith(_COMMON_MARKER)]
+    if len(marked) != 1:
+        raise ValueError(f"a template sharing common.py needs exactly one {_COMMON_MARKER} line, found {len(marked)}")
+    first = last = marked[0]
+    if lines[first].split("#", 1)[0].rstrip().endswith("("):
+        last = lines.index(")", first)
+    lines[first : last + 1] = [shared]
+    return "\n".join(lines)
+
+
+def _fill(source: str, spec: dict[str, Any]) -> str:
+    # Inserted last so no prompt or judged text can be mistaken for a placeholder.
+    literal = pprint.pformat(spec, sort_dicts=False, width=100)
+    return source.replace(_SPEC_MARKER, f"SPEC = {literal}")
+
+
+def render(spec: RunSpec) -> str:
+    """The run.py source for ``spec``."""
+    source = (
+        template()
+        .replace("@@MODEL@@", spec.model)
+        .replace("@@DEVICE@@", spec.device.name)
+        .replace("@@VERSION@@", __version__)
+    )
+    return _fill(source, spec.to_spec())
+
+
+def render_train(spec: TrainSpec) -> str:
+    """The train.py source for ``spec``."""
+    source = (
+        template("train.py")
+        .replace("@@MODEL@@", spec.model)
+        .replace("@@DEVICE@@", spec.device.name)
+        .replace("@@VERSION@@", __version__)
+    )
+    return _fill(source, spec.to_spec())
+
+
+def render_judge(spec: JudgeSpec) -> str:
+    """The judge.py source for ``spec``."""
+    return _fill(template("judge.py").replace("@@VERSION@@", __version__), dataclasses.asdict(spec))
+
+
+def render_and_run(
+    spec: RunSpec | TrainSpec,
+    directory: Path,
+    *,
+    env: Mapping[str, str],
+    timeout: float,
+    python: str | None = None,
+    memory_limit: int | None = None,
+    cancel: threading.Event | None = None,
+) -> tuple[str, ProcessOutcome]:
+    """Write ``spec``'s run.py (a TrainSpec's train.py) into ``directory`` and run it isolated there
+    (result.json, log.txt beside it); returns the source that ran and how its process ended."""
+    from pytest_neuron_support.run.execution import run_script
+
+    directory.mkdir(parents=True, exist_ok=True)
+    training = isinstance(spec, TrainSpec)
+    source = render_train(spec) if isinstance(spec, TrainSpec) else render(spec)
+    script = directory / ("train.py" if training else "run.py")
+    script.write_text(source, encoding="utf-8")
+    outcome = run_script(
+        script,
+        directory / "result.json",
+        env=env,
+        timeout=timeout,
+        log_path=directory / "log.txt",
+        python=python or sys.executable,
+        memory_limit=memory_limit,
+        cancel=cancel,
+    )
+    return source, outcome

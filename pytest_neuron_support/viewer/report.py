@@ -1,0 +1,488 @@
+"""The results viewer: one self-contained static page, and how to rerun any row.
+
+``neuron-support report`` writes a folder that opens from disk with no server and uploads as-is
+as a static Hugging Face Space::
+
+    <out>/index.html         the viewer: inline CSS and JS, the data embedded as JSON
+    <out>/README.md          the Space's card (``sdk: static``)
+    <out>/hub-rankings.json  the Hub rankings shown (reusable with ``--hub-snapshot``)
+
+The data travels inside ``index.html`` in a ``<script type="application/json">`` tag because
+Chromium refuses ``fetch()`` of ``file://`` URLs; a Content-Security-Policy that allows no
+connection at all makes "no network" a property the browser enforces, not a promise. Every
+value reaches the page through ``textContent`` (never ``innerHTML``), and the embedded JSON has
+``<``, ``>`` and ``&`` escaped, so a model id, an error or a run.py can never become markup.
+
+Columns and their tooltips come from :mod:`.records` (``COLUMN_DOCS``, ``RESULTS``, ``STAGES``):
+the page shows a curated choice of columns in the table (:data:`TABLE_COLUMNS`) and every column
+in a model's detail, so a column added to :class:`~.records.Row` appears without touching this
+module.
+
+How to rerun a row (the packages to install on top of the stack, the NEFF cache to sync, the
+command) is computed here once, by :func:`reproduction`, for both the page and
+``neuron-support runscript``. This module imports neither torch nor transformers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import shlex
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from pytest_neuron_support import __version__
+from pytest_neuron_support.catalog.load import CHECKS, Catalog
+from pytest_neuron_support.catalog.load import TASKS as CATALOG_TASKS
+from pytest_neuron_support.data.dataset import read_dataset, stack_stem
+from pytest_neuron_support.data.hub import TASKS as HUB_TASKS
+from pytest_neuron_support.data.hub import HubError, HubRanking, fetch_all, load_snapshot, save_snapshot
+from pytest_neuron_support.data.records import (
+    COLUMN_DOCS,
+    COLUMN_LABELS,
+    COLUMN_TYPES,
+    RESULTS,
+    STAGES,
+    VERDICT_BASES,
+    Row,
+)
+from pytest_neuron_support.data.signatures import blockers
+from pytest_neuron_support.run import neffcache
+from pytest_neuron_support.run.devices import DEVICES
+from pytest_neuron_support.run.runscript import template
+
+#: AWS's pip index for neuronx-cc and torch-neuronx (the PyPI names are placeholders).
+NEURON_PIP_INDEX = "https://pip.repos.neuron.amazonaws.com"
+#: The public bucket of compiled graphs, one folder per compiler version.
+NEFF_CACHE_BUCKET = neffcache.DEFAULT_BUCKET
+#: Where the sync command puts the cache, and where the run command points run.py at it.
+NEFF_CACHE_DIR = "/tmp/neff_cache"
+
+#: Columns of the viewer's table, in display order (every model's detail shows all columns).
+#: The Space's headline columns first (result, cores, run time including compile, peak device
+#: memory), then what explains them; headed by their schema labels (records.COLUMN_LABELS).
+TABLE_COLUMNS: tuple[str, ...] = (
+    "model_id",
+    "result",
+    "neuron_cores",
+    "run_s",
+    "peak_device_memory_bytes",
+    "task",
+    "check",
+    "failure_stage",
+    "verdict_basis",
+    "error",
+    "device",
+    "tp_size",
+    "ep_size",
+    "parameters",
+    "compile_s",
+)
+#: Columns the detail panel lists first, in this order; the rest follow in schema order.
+DETAIL_COLUMNS: tuple[str, ...] = (
+    "result",
+    "failure_stage",
+    "error",
+    "signature",
+    "verdict_basis",
+    "check",
+    "train_first_bad_step",
+    "train_losses",
+    "cpu_train_losses",
+    "train_grad_norms",
+    "cpu_train_grad_norms",
+    "train_max_loss_delta",
+    "train_first_step_s",
+    "train_steps_per_s",
+    "train_state_bytes",
+    "recompiles",
+    "cpu_check",
+    "positions_checked",
+    "positions_disagreeing",
+    "first_disagreement",
+    "disagreement_deficit",
+    "max_logprob_deficit",
+    "reference_match",
+    "judge_verdict",
+    "judge_score",
+    "repeat_identical",
+    "fallback_ops",
+    "graphs_compiled",
+    "graph_breaks",
+    "excess_graphs",
+    "recompile_limit",
+    "exclude_reason",
+    "exclude_note",
+    "device",
+    "neuron_cores",
+    "tp_size",
+    "ep_size",
+    "plan_reason",
+    "distributed_config",
+    "distributed_attempts",
+    "train_global_batch",
+    "parameters",
+    "weight_bytes",
+    "run_s",
+    "load_s",
+    "compile_s",
+    "first_generate_s",
+    "generate_s",
+    "reference_s",
+    "peak_device_memory_bytes",
+    "peak_host_rss_bytes",
+    "neuronx_cc",
+    "torch_neuronx",
+    "torch",
+    "library",
+    "library_version",
+    "python",
+    "timestamp",
+)
+#: The run time's parts shown as a split bar (the rest of run_s is start-up and reading back).
+SPLIT_COLUMNS: tuple[str, ...] = ("load_s", "compile_s", "generate_s")
+
+SPACE_TITLE = "Model support on AWS Trainium"
+
+
+# --- how to rerun a row (shared with `neuron-support runscript`) -------------------------------
+
+
+def neff_cache_dir(neuronx_cc: str) -> str:
+    """Compiler ``neuronx_cc``'s own local cache under the default base, the folder a sweep's run.py
+    and ``neff pull`` use (torch-neuronx's cache keys hold no compiler version)."""
+    return str(neffcache.local_cache_dir(Path(NEFF_CACHE_DIR), neuronx_cc))
+
+
+def neff_sync_command(neuronx_cc: str) -> str | None:
+    """The command that fetches the public NEFF cache for compiler ``neuronx_cc`` into its own local
+    folder (:func:`neff_cache_dir`); None off Trainium."""
+    try:
+        return shlex.join(neffcache.pull_command(neuronx_cc, neff_cache_dir(neuronx_cc)))
+    except neffcache.NeffCacheError:
+        return None  # no compiler ("none"), or a recorded version no bucket folder can be named by
+
+
+def _public_version(version: str) -> str:
+    # A local label ("2.13.0+cpu") names a build from PyTorch's own index; the version itself is
+    # what pip resolves against the index the user installs from.
+    return version.split("+", 1)[0]
+
+
+def install_commands(row: Row, extra_packages: Sequence[str] = ()) -> tuple[str, ...]:
+    """pip commands that put ``row``'s stack in place: the Neuron packages from AWS's index (when
+    the row ran with neuronx-cc), then torch, the model library and the catalog's extra packages."""
+    commands: list[str] = []
+    if row.neuronx_cc and row.neuronx_cc != "none":
+        pins = [f"neuronx-cc=={row.neuronx_cc}"]
+        if row.torch_neuronx and row.torch_neuronx != "none":
+            pins.append(f"torch-neuronx=={row.torch_neuronx}")
+        commands.append(f"pip install --extra-index-url {NEURON_PIP_INDEX} {' '.join(pins)}")
+    packages: list[str] = []
+    if row.torch:
+        packages.append(f"torch=={_public_version(row.torch)}")
+    if row.library and row.library_version:
+        packages.append(f"{row.library}=={row.library_version}")
+    packages.extend(extra_packages)
+    if packages:
+        commands.append("pip install " + " ".join(shlex.quote(p) for p in packages))
+    return tuple(commands)
+
+
+def run_command(row: Row) -> str:
+    """The command that reruns ``row``'s run.py as the harness did: pinned to as many cores as the
+    row used (from core 0), and on Trainium reading the NEFF cache :func:`neff_sync_command` fills."""
+    env: dict[str, str] = {}
+    device = DEVICES.get(row.device)
+    if device is not None:
+        env.update(device.pin_cores(0, row.neuron_cores or 1))
+        if neff_sync_command(row.neuronx_cc) is not None:
+            env[device.compile_cache_env] = neff_cache_dir(row.neuronx_cc)
+    prefix = "".join(f"{key}={shlex.quote(value)} " for key, value in env.items())
+    return f"{prefix}python3 {script_name(row)} --out result.json"
+
+
+def script_name(row: Row) -> str:
+    """The file the row's script is saved as: run.py, or train.py for the training check."""
+    return "train.py" if row.check == "train" else "run.py"
+
+
+@dataclass(frozen=True)
+class Reproduction:
+    """Everything needed to rerun one row on a fresh machine.
+
+    Attributes:
+        model_id: the model.
+        stack: the row's stack file stem (``neuronxcc-<v>__transformers-<v>``).
+        device: the device kind the row ran on.
+        result: the row's result.
+        python: the interpreter version the row ran with.
+        runscript: the exact run.py that ran; None when nothing ran (skipped, excluded).
+        install: pip commands to run on top of the base image, in order.
+        sync: the NEFF-cache sync command for the row's compiler; None off Trainium.
+        run: the command that runs run.py.
+        script: the script's file name: ``run.py``, or ``train.py`` for a training row.
+    """
+
+    model_id: str
+    stack: str
+    device: str
+    result: str
+    python: str
+    runscript: str | None
+    install: tuple[str, ...]
+    sync: str | None
+    run: str
+    script: str = "run.py"
+
+    def instructions(self) -> str:
+        """The shell lines to paste (comments say what each part is), without run.py itself."""
+        lines = [f"# {self.model_id} on {self.stack} ({self.device}): {self.result}"]
+        lines.append(f"# packages to install on top of the stack (Python {self.python or 'any'}):")
+        lines += list(self.install) or ["# (none recorded)"]
+        if self.sync is not None:
+            lines += ["# the compiled graphs (NEFF cache) for this compiler:", self.sync]
+        else:
+            lines.append("# no NEFF cache: this row did not run with neuronx-cc")
+        lines += [f"# save the {self.script} below as {self.script}, then:", self.run]
+        return "\n".join(lines) + "\n"
+
+
+def reproduction(row: Row, extra_packages: Sequence[str] = ()) -> Reproduction:
+    """How to rerun ``row``; ``extra_packages`` are the catalog entry's ``extra_packages``."""
+    return Reproduction(
+        model_id=row.model_id,
+        stack=stack_stem(row),
+        device=row.device,
+        result=row.result,
+        python=row.python,
+        runscript=row.runscript,
+        install=install_commands(row, extra_packages),
+        sync=neff_sync_command(row.neuronx_cc),
+        run=run_command(row),
+        script=script_name(row),
+    )
+
+
+# --- the Hub rankings a report shows -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HubView:
+    """The Hub rankings a report shows, or why it shows none.
+
+    Attributes:
+        rankings: the rankings (each may carry its own ``error``).
+        source: where they came from: ``live``, ``snapshot`` or ``none``.
+        unavailable: why no ranking can be shown at all (``--no-hub``, every fetch failed, an
+            unreadable snapshot); None when at least one ranking has models.
+    """
+
+    rankings: tuple[HubRanking, ...]
+    source: str
+    unavailable: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "unavailable": self.unavailable,
+            "rankings": [ranking.to_dict() for ranking in self.rankings],
+        }
+
+
+def _view_of(rankings: Sequence[HubRanking], source: str) -> HubView:
+    if rankings and all(ranking.error is not None for ranking in rankings):
+        reasons = list(dict.fromkeys(str(ranking.error) for ranking in rankings))
+        return HubView(tuple(rankings), source, "; ".join(reasons))
+    if not rankings:
+        return HubView((), source, "the snapshot holds no rankings")
+    return HubView(tuple(rankings), source)
+
+
+def live_hub_view(limit: int, timeout_s: float) -> HubView:
+    """Fetch every ranking now (``HF_ENDPOINT`` honoured); never raises for Hub trouble."""
+    return _view_of(fetch_all(limit=limit, timeout_s=timeout_s), "live")
+
+
+def snapshot_hub_view(path: Path) -> HubView:
+    """Rankings saved earlier (``hub-rankings.json``); an unreadable file is reported, not raised."""
+    try:
+        return _view_of(load_snapshot(path), "snapshot")
+    except (OSError, HubError) as exc:
+        return HubView((), "snapshot", f"cannot read the Hub snapshot {path}: {exc}")
+
+
+def no_hub_view(why: str = "not fetched (--no-hub)") -> HubView:
+    return HubView((), "none", why)
+
+
+# --- the report --------------------------------------------------------------------------------
+
+
+def _json_value(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None  # JSON has no NaN; a missing measurement is null everywhere else too
+    if isinstance(value, tuple):
+        return [_json_value(v) for v in value]
+    return value
+
+
+def _newest(rows: Iterable[Row]) -> str:
+    return max((row.timestamp for row in rows), default="")
+
+
+def report_data(rows: Sequence[Row], catalog: Catalog | None, hub_view: HubView) -> dict[str, Any]:
+    """Everything the page shows, as JSON-ready data (embedded verbatim in ``index.html``)."""
+    extra = {spec.id: spec.extra_packages for spec in (catalog.models if catalog else ())}
+    by_stack: dict[str, list[Row]] = {}
+    for row in rows:
+        by_stack.setdefault(stack_stem(row), []).append(row)
+    stacks = []
+    for stem, stack_rows in sorted(by_stack.items()):
+        first = max(stack_rows, key=lambda r: r.timestamp)
+        stacks.append(
+            {
+                "stem": stem,
+                "neuronx_cc": first.neuronx_cc,
+                "torch_neuronx": first.torch_neuronx,
+                "torch": first.torch,
+                "library": first.library,
+                "library_version": first.library_version,
+                "python": first.python,
+                "rows": len(stack_rows),
+                "newest": _newest(stack_rows),
+                "sync": neff_sync_command(first.neuronx_cc),
+            }
+        )
+    default_stack = max(stacks, key=lambda s: (s["newest"], s["stem"]))["stem"] if stacks else None
+    row_dicts = []
+    for row in sorted(rows, key=lambda r: (stack_stem(r), r.model_id, r.device, r.check)):
+        again = reproduction(row, extra.get(row.model_id, ()))
+        record = {name: _json_value(value) for name, value in dataclasses.asdict(row).items()}
+        record.update(
+            stack=again.stack,
+            install=list(again.install),
+            sync=again.sync,
+            run=again.run,
+            instructions=again.instructions(),
+        )
+        row_dicts.append(record)
+    catalog_models = [
+        {
+            "id": spec.id,
+            "task": spec.task,
+            "tags": list(spec.tags),
+            "exclude_reason": spec.exclude.reason if spec.exclude else None,
+            "exclude_note": spec.exclude.note if spec.exclude else None,
+        }
+        for spec in (catalog.models if catalog else ())
+    ]
+    tasks = list(
+        dict.fromkeys(
+            [
+                *CATALOG_TASKS,
+                *HUB_TASKS,
+                *(r.task for r in rows),
+                *(spec.task for spec in (catalog.models if catalog else ())),
+            ]
+        )
+    )
+    # The Failures view: each stack's signatures by the models they block, made by the function
+    # `neuron-support failures` prints, so the page and the terminal group alike.
+    failures = {stem: [b.to_dict() for b in blockers(stack_rows)] for stem, stack_rows in sorted(by_stack.items())}
+    return {
+        "generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "plugin_version": __version__,
+        "columns": [
+            {"name": name, "type": COLUMN_TYPES[name], "doc": COLUMN_DOCS[name], "label": COLUMN_LABELS[name]}
+            for name in COLUMN_DOCS
+        ],
+        "verdict_bases": dict(VERDICT_BASES),
+        "table_columns": list(TABLE_COLUMNS),
+        "detail_columns": list(DETAIL_COLUMNS),
+        "split_columns": list(SPLIT_COLUMNS),
+        "results": dict(RESULTS),
+        "stages": dict(STAGES),
+        "tasks": tasks,
+        # The check filter: a model checked both ways has one row (and one table line) per check.
+        "checks": list(CHECKS),
+        "stacks": stacks,
+        "default_stack": default_stack,
+        "rows": row_dicts,
+        "failures": failures,
+        "catalog": {"path": catalog.path.name if catalog else None, "models": catalog_models},
+        "hub": hub_view.to_dict(),
+    }
+
+
+def embed_json(data: Any) -> str:
+    """``data`` as JSON safe inside a ``<script>`` element: no ``</script>``, no ``<!--``, no entity."""
+    text = json.dumps(data, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    for raw, escaped in (
+        ("&", "\\u0026"),
+        ("<", "\\u003c"),
+        (">", "\\u003e"),
+        ("\u2028", "\\u2028"),
+        ("\u2029", "\\u2029"),
+    ):
+        text = text.replace(raw, escaped)
+    return text
+
+
+def render_html(data: Mapping[str, Any]) -> str:
+    """The whole page: ``templates/viewer.html`` (HTML, CSS and the script that renders the views)
+    with the data embedded."""
+    return template("viewer.html").replace("@@DATA@@", embed_json(data))
+
+
+def render_space_card() -> str:
+    """README.md of the static Space: its front matter tells the Hub to serve index.html as is."""
+    return (
+        "---\n"
+        f"title: {SPACE_TITLE}\n"
+        "emoji: 🧪\n"
+        "colorFrom: blue\n"
+        "colorTo: green\n"
+        "sdk: static\n"
+        "app_file: index.html\n"
+        "pinned: false\n"
+        "---\n\n"
+        f"# {SPACE_TITLE}\n\n"
+        "Which Hugging Face Hub models run unmodified on AWS Trainium through TorchNeuron, with the\n"
+        "evidence: the run.py that ran, the stack, timings and errors. Generated by\n"
+        f"`neuron-support report` (pytest-neuron-support {__version__}); `index.html` is self-contained.\n"
+    )
+
+
+@dataclass(frozen=True)
+class Report:
+    """What :func:`write_report` wrote.
+
+    Attributes:
+        index: the page.
+        rows: rows shown (every stack).
+        stacks: stack stems present.
+        hub_unavailable: why no Hub ranking is shown, or None.
+    """
+
+    index: Path
+    rows: int
+    stacks: tuple[str, ...]
+    hub_unavailable: str | None
+
+
+def write_report(results_dir: Path, catalog: Catalog | None, hub_view: HubView, out_dir: Path) -> Report:
+    """Write the viewer folder for the dataset under ``results_dir``."""
+    rows = read_dataset(results_dir)
+    data = report_data(rows, catalog, hub_view)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    index = out_dir / "index.html"
+    index.write_text(render_html(data), encoding="utf-8")
+    (out_dir / "README.md").write_text(render_space_card(), encoding="utf-8")
+    if hub_view.rankings:
+        save_snapshot(out_dir / "hub-rankings.json", hub_view.rankings)
+    return Report(index, len(rows), tuple(s["stem"] for s in data["stacks"]), hub_view.unavailable)
