@@ -34,7 +34,7 @@ def _named(config: pytest.Config, path: Path) -> bool:
 
 
 def _sweep(config: pytest.Config) -> bool:
-    from pytest_neuron_support.session.controller import catalog_key
+    from pytest_neuron_support.session.keys import catalog_key
 
     return catalog_key in config.stash
 
@@ -47,8 +47,7 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
 
 def pytest_report_header(config: pytest.Config) -> str:
     if _sweep(config):
-        from pytest_neuron_support.session.controller import catalog_key
-        from pytest_neuron_support.session.options import options_key
+        from pytest_neuron_support.session.keys import catalog_key, options_key
 
         models = config.stash[catalog_key]
         return f"suite: the catalog {config.stash[options_key].models_file.name} ({len(models)} models)"

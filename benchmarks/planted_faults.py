@@ -47,8 +47,8 @@ import yaml
 from _common import REPO, sweep, zoo_cache
 from faults import ENV_VAR, FAULT, FAULTS, HEALTHY, Fault, applies, conftest
 
-from pytest_neuron_support.run.settings import slug
-from pytest_neuron_support.tasks.table import GENERATION_TASKS
+from pytest_neuron_support.base.storage import slug
+from pytest_neuron_support.tasks.table import TASKS
 
 BENCH = Path(__file__).resolve().parent
 CATALOG = REPO / "models-tiny.yaml"
@@ -160,7 +160,7 @@ class Outcome:
 def generation_entries(path: Path = CATALOG) -> list[dict[str, Any]]:
     """The catalog's generation entries, as written (cores, task, prompt, tags kept)."""
     data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    return [entry for entry in data["models"] if entry.get("task", "text-generation") in GENERATION_TASKS]
+    return [entry for entry in data["models"] if TASKS[entry.get("task", "text-generation")].generates]
 
 
 def judge_of(path: Path = CATALOG) -> Any:

@@ -71,7 +71,8 @@ from typing import Any, Protocol
 from unittest import mock
 
 from pytest_neuron_support.catalog.load import load_catalog
-from pytest_neuron_support.checks.pipeline import prior_seconds
+from pytest_neuron_support.checks.plan import prior_seconds
+from pytest_neuron_support.devices.table import TRN2_LOGICAL_CORE_BYTES
 from pytest_neuron_support.planning.planner import (
     DEFAULT_HEADROOM,
     DEFAULT_MAX_CORES,
@@ -82,7 +83,6 @@ from pytest_neuron_support.planning.planner import (
 )
 from pytest_neuron_support.run import cores as cores_module
 from pytest_neuron_support.run.cores import CorePool
-from pytest_neuron_support.run.devices import TRN2_LOGICAL_CORE_BYTES
 from pytest_neuron_support.session.scheduling import CostOrderScheduling
 
 REPO = Path(__file__).resolve().parent.parent

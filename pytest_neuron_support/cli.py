@@ -41,7 +41,8 @@ def _zoo_build(args: argparse.Namespace) -> int:
 
 
 def _show(args: argparse.Namespace) -> int:
-    from pytest_neuron_support.data.dataset import named_test, read_dataset
+    from pytest_neuron_support.checks.registry import named_test
+    from pytest_neuron_support.data.dataset import read_dataset
 
     rows = [r for r in read_dataset(Path(args.results_dir)) if r.model_id == args.model]
     if not rows:
@@ -175,7 +176,8 @@ def _catalog_extra_packages(models_file: str | None, model: str) -> tuple[str, .
 
 
 def _runscript(args: argparse.Namespace) -> int:
-    from pytest_neuron_support.data.dataset import named_test, read_dataset, stack_stem
+    from pytest_neuron_support.checks.registry import named_test
+    from pytest_neuron_support.data.dataset import read_dataset, stack_stem
     from pytest_neuron_support.viewer.report import reproduction
 
     results = Path(args.results_dir)
@@ -245,7 +247,7 @@ def _runscript(args: argparse.Namespace) -> int:
 def _names_test(row: Any, test: str) -> bool:
     """``--test`` names this row's test: a user's test by its node id, a catalog item by its item name
     (``test_model[<id>]``) or by a node id ending in it (``models.yaml::test_model[<id>]``)."""
-    from pytest_neuron_support.data.dataset import named_test
+    from pytest_neuron_support.checks.registry import named_test
 
     name = named_test(row)
     return test == name or (not row.test and test.endswith(f"::{name}"))
@@ -277,7 +279,7 @@ def _plan(args: argparse.Namespace) -> int:
     """Which trn2 sizes hold each model, on how many cores and why, and why not where it does not fit:
     the planner's own rules (:func:`.planning.instance_plan`) on what the cache or the Hub API says of
     the model, without downloading a weight."""
-    from pytest_neuron_support.catalog.load import ModelSpec
+    from pytest_neuron_support.base.model import ModelSpec
     from pytest_neuron_support.data import hub
     from pytest_neuron_support.planning.planner import (
         CORE_CHOICES,
@@ -431,8 +433,8 @@ def _status(args: argparse.Namespace) -> int:
 def _neff_target(args: argparse.Namespace, command: str) -> tuple[str, Path] | None:
     """The compiler version and cache directory a ``neff`` command works on, or None (after saying
     why) when no bucket folder can be named for them."""
+    from pytest_neuron_support.devices.table import DEVICES, compiler_version
     from pytest_neuron_support.run import neffcache
-    from pytest_neuron_support.run.devices import DEVICES, compiler_version
 
     version = args.version if args.version is not None else compiler_version(DEVICES["neuron"])
     try:
@@ -493,9 +495,9 @@ def _results_dir_option(parser: argparse.ArgumentParser, help: str, positional: 
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from pytest_neuron_support.catalog.load import CHECKS
+    from pytest_neuron_support.checks.registry import CHECKS
+    from pytest_neuron_support.devices.table import DEVICES
     from pytest_neuron_support.run import neffcache  # stdlib only, like devices: cheap enough for --help
-    from pytest_neuron_support.run.devices import DEVICES
 
     parser = argparse.ArgumentParser(prog="neuron-support", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -620,7 +622,7 @@ def build_parser() -> argparse.ArgumentParser:
                 "--dry-run", action="store_true", help="stage and count, print the hf command, do not run it"
             )
         command.set_defaults(func=func)
-    from pytest_neuron_support.doctor import doctor
+    from pytest_neuron_support.doctor import command as doctor
 
     check = sub.add_parser("doctor", help="check on this host every assumption the harness makes about its device")
     doctor.add_arguments(check)

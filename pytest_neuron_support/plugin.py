@@ -1,13 +1,14 @@
 """pytest wiring only: each hook hands its work to the module named for its concern.
 
-- :mod:`.options`: the command-line options and their validation;
-- :mod:`.controller`: the session's setup (catalog, device, settings, results folder) and, on the
-  xdist controller, the plugin that hands the device to workers and makes the scheduler;
-- :mod:`.items`: the catalog collected as :mod:`.suite` (one test parametrized over its models),
-  planned after selection, ordered by cost, sharded;
-- :mod:`.explain`: what a failed verdict ``assert`` prints;
-- :mod:`.reporting`: rows out of reports, written crash-safe and then to Parquet;
-- :mod:`.fixtures`: the public fixtures and markers a user's own test composes.
+- :mod:`.session.options`: the command-line options and their validation;
+- :mod:`.session.controller`: the session's setup (catalog, device, settings, results folder) and, on
+  the xdist controller, the plugin that hands the device and the plans to workers and makes the
+  scheduler;
+- :mod:`.session.items`: the catalog collected as :mod:`.session.suite` (one test per check kind,
+  parametrized over its models), planned after selection, ordered by cost, sharded;
+- :mod:`.session.fixtures`: the public fixtures and markers a user's own test composes;
+- :mod:`.session.reporting`: rows out of reports, written crash-safe and then to Parquet;
+- :mod:`.session.explain`: what a failed verdict ``assert`` prints.
 
 torch and transformers are never imported here: ``pytest --help`` stays fast, and the controller
 process never initialises a device.
@@ -15,8 +16,9 @@ process never initialises a device.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,15 +26,14 @@ import pytest
 # must come before anything imports the suite).
 pytest.register_assert_rewrite(f"{__package__}.session.suite")
 
-from pytest_neuron_support.session import controller, explain, hooks, options  # noqa: E402
+from pytest_neuron_support.session import controller, explain, fixtures, hooks, options, reporting  # noqa: E402
 from pytest_neuron_support.session import items as catalog_items  # noqa: E402
 
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
     pluginmanager.add_hookspecs(hooks)
-    # The public fixtures and markers; fixtures.py builds on the modules above, so it is imported once they are.
-    from pytest_neuron_support.session import fixtures
-
+    # The public fixtures and markers live in a module of their own, registered as a plugin so pytest
+    # finds its fixtures.
     pluginmanager.register(fixtures, "neuron-support-fixtures")
 
 
@@ -42,6 +43,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     controller.configure(config)
+    # After the setup: it decides whether a sweep writes rows (else the fixtures' results writer does).
+    fixtures.configure(config)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """xdist controller: every worker leases under this session's id."""
+    fixtures.configure_node(node)
 
 
 def pytest_collect_directory(path: Path, parent: pytest.Collector) -> pytest.Collector | None:
@@ -65,6 +74,14 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 def pytest_report_collectionfinish(config: pytest.Config, start_path: Path, items: Sequence[pytest.Item]) -> list[str]:
     """--collect-only -v: every catalog item's plan (cores, tp/ep, memory per core, reason) before anything runs."""
     return catalog_items.report_plans(config, items)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
+    """A test that used the neuron fixtures gets its row on the report of the phase that decided it."""
+    report: pytest.TestReport = yield
+    reporting.attach_row(item, call, report)
+    return report
 
 
 def pytest_assertrepr_compare(config: pytest.Config, op: str, left: object, right: object) -> list[str] | None:

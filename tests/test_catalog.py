@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
+from pytest_neuron_support.base.model import ModelSpec
 from pytest_neuron_support.catalog.load import (
     CatalogError,
-    ModelSpec,
     cli_model,
     is_hub_id,
     load_catalog,

@@ -2,15 +2,9 @@ from __future__ import annotations
 
 import math
 
-from pytest_neuron_support.verdict.checks import (
-    DEFAULT_MIN_COSINE,
-    EMBEDDING_SENTENCES,
-    EmbeddingParity,
-    Parity,
-    compare,
-    compare_embeddings,
-    cosine,
-)
+from pytest_neuron_support.tasks.embedding import EMBEDDING_SENTENCES
+from pytest_neuron_support.verdict.embeddings import DEFAULT_MIN_COSINE, EmbeddingParity, compare_embeddings, cosine
+from pytest_neuron_support.verdict.tokens import Parity, compare
 
 
 def pos(ids: list[int], logprobs: list[float]) -> dict[str, object]:
@@ -68,7 +62,7 @@ def test_top_five_means_five() -> None:
 
 
 def test_fluency_prechecks_on_real_strings() -> None:
-    from pytest_neuron_support.verdict.checks import fluency_precheck
+    from pytest_neuron_support.verdict.fluency import fluency_precheck
 
     assert fluency_precheck("", []) == "empty output"
     assert fluency_precheck("   ", [220, 220]) == "empty output"
@@ -132,7 +126,7 @@ def forced(token: int, top1: int, rank: int, deficit: float, ids: list[int] | No
 
 
 def test_teacher_forced_agreement_passes_in_both_modes() -> None:
-    from pytest_neuron_support.verdict.checks import teacher_forced
+    from pytest_neuron_support.verdict.tokens import teacher_forced
 
     summary = teacher_forced([forced(5, 5, 0, 0.0), forced(6, 6, 0, 0.0)])
     assert (summary.positions_checked, summary.positions_disagreeing, summary.first_disagreement) == (2, 0, None)
@@ -141,7 +135,7 @@ def test_teacher_forced_agreement_passes_in_both_modes() -> None:
 
 
 def test_teacher_forced_records_the_first_miss_and_the_worst_one() -> None:
-    from pytest_neuron_support.verdict.checks import teacher_forced
+    from pytest_neuron_support.verdict.tokens import teacher_forced
 
     positions = [forced(5, 5, 0, 0.0), forced(7, 8, 1, 0.03), forced(9, 9, 0, 0.0), forced(4, 3, 12, 6.5)]
     summary = teacher_forced(positions)
@@ -153,7 +147,7 @@ def test_teacher_forced_records_the_first_miss_and_the_worst_one() -> None:
 
 
 def test_teacher_forced_near_ties_pass_only_in_near_tie_mode() -> None:
-    from pytest_neuron_support.verdict.checks import teacher_forced
+    from pytest_neuron_support.verdict.tokens import teacher_forced
 
     positions = [forced(5, 5, 0, 0.0), forced(7, 8, 1, 0.03)]
     device_top = [pos([5], [-0.1]), pos([7, 8], [-0.70, -0.72])]  # the CPU top-1 is the device's second
@@ -169,14 +163,14 @@ def test_teacher_forced_near_ties_pass_only_in_near_tie_mode() -> None:
 
 
 def test_teacher_forced_with_nothing_to_score_does_not_pass() -> None:
-    from pytest_neuron_support.verdict.checks import teacher_forced
+    from pytest_neuron_support.verdict.tokens import teacher_forced
 
     summary = teacher_forced([])
     assert summary.positions_checked == 0 and not summary.passes("exact") and not summary.passes("near-tie")
 
 
 def test_repeat_divergence() -> None:
-    from pytest_neuron_support.verdict.checks import repeat_divergence
+    from pytest_neuron_support.verdict.tokens import repeat_divergence
 
     assert repeat_divergence([1, 2, 3], [1, 2, 3]) is None
     assert repeat_divergence([1, 2, 3], [1, 9, 3]) == 1
@@ -184,7 +178,7 @@ def test_repeat_divergence() -> None:
 
 
 def test_precheck_sees_special_tokens_the_judge_text_leaves_out() -> None:
-    from pytest_neuron_support.verdict.checks import fluency_precheck
+    from pytest_neuron_support.verdict.fluency import fluency_precheck
 
     special, eos = [0, 1, 2], 1
     dead = [285, 349, 381] + [0] * 29  # three words, then the pad token: decoded text is "the quick brown"

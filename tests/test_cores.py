@@ -207,7 +207,7 @@ def test_core_lists_parse_as_the_runtime_writes_them() -> None:
 
 
 def test_a_session_given_a_slice_leases_and_pins_inside_it_in_host_numbering(tmp_path: Path) -> None:
-    from pytest_neuron_support.run.devices import DEVICES
+    from pytest_neuron_support.devices.table import DEVICES
 
     pool = CorePool(tmp_path, tuple(range(8, 16)), device="neuron")
     two = pool.acquire(2)

@@ -9,9 +9,8 @@ from typing import Any
 
 import pytest
 
-from pytest_neuron_support.checks.pipeline import _cpu_env
 from pytest_neuron_support.data.records import current_stack
-from pytest_neuron_support.run.devices import (
+from pytest_neuron_support.devices.table import (
     DEVICES,
     NO_DEVICE_ENV,
     ProbeResult,
@@ -19,6 +18,7 @@ from pytest_neuron_support.run.devices import (
     fallback_core_bytes,
     probe,
 )
+from pytest_neuron_support.run.context import cpu_env
 from pytest_neuron_support.run.settings import Settings
 
 GIB = 1 << 30
@@ -36,7 +36,7 @@ def settings_on(device: str, **changes: Any) -> Settings:
     """A session's settings on ``device`` with what these tests vary given as ``changes``."""
     fields: dict[str, Any] = {
         "device": DEVICES[device],
-        "pool_cores": 1,
+        "neuron_cores": 1,
         "max_new_tokens": 4,
         "prompt": "p",
         "model_timeout": 60.0,
@@ -51,7 +51,7 @@ def settings_on(device: str, **changes: Any) -> Settings:
 
 def test_cpu_side_runs_are_unpinned_and_load_no_device_backend() -> None:
     settings = settings_on("cpu")
-    env = _cpu_env(settings, {"NEURON_RT_VISIBLE_CORES": "8-9", "CUDA_VISIBLE_DEVICES": "1", "HOME": "/h"})
+    env = cpu_env(settings, {"NEURON_RT_VISIBLE_CORES": "8-9", "CUDA_VISIBLE_DEVICES": "1", "HOME": "/h"})
     assert env == {"HOME": "/h", **NO_DEVICE_ENV} and env["TORCH_DEVICE_BACKEND_AUTOLOAD"] == "0"
 
 
@@ -64,7 +64,7 @@ def test_the_compiler_version_is_probed_only_where_a_device_has_a_compiler() -> 
 def test_find_device_counts_a_host_counted_kind_without_probing() -> None:
     import os
 
-    from pytest_neuron_support.run.devices import find_device
+    from pytest_neuron_support.devices.table import find_device
 
     def no_probe() -> ProbeResult:
         raise AssertionError("cpu needs no probe subprocess")
@@ -74,7 +74,7 @@ def test_find_device_counts_a_host_counted_kind_without_probing() -> None:
 
 
 def test_find_device_auto_takes_the_first_kind_with_cores_and_its_memory() -> None:
-    from pytest_neuron_support.run.devices import find_device
+    from pytest_neuron_support.devices.table import find_device
 
     seen = ProbeResult({"neuron": 64, "cuda": 0, "cpu": 2}, {"neuron": 24 << 30})
     found = find_device("auto", lambda: seen)
@@ -84,7 +84,7 @@ def test_find_device_auto_takes_the_first_kind_with_cores_and_its_memory() -> No
 
 
 def test_find_device_names_a_missing_kind_and_the_fix() -> None:
-    from pytest_neuron_support.run.devices import DeviceNotFound, find_device
+    from pytest_neuron_support.devices.table import DeviceNotFound, find_device
 
     with pytest.raises(DeviceNotFound, match=r"--device=cuda: no cuda device is visible.*--device=cpu"):
         find_device("cuda", lambda: ProbeResult({"neuron": 0, "cuda": 0, "cpu": 2}))
@@ -180,10 +180,10 @@ def test_a_neuron_run_gets_its_compilers_own_cache_folder_and_a_cpu_run_the_base
     # <base>/neuronxcc-<version> (neffcache.run_cache_dir), or a new compiler is served the old one's NEFFs.
     from dataclasses import replace
 
-    from pytest_neuron_support.checks.pipeline import device_run_env
+    from pytest_neuron_support.run.context import device_run_env
 
     def settings(device: str, compiler: str) -> Settings:
-        return settings_on(device, stack=replace(current_stack(), neuronx_cc=compiler), compile_cache=Path("/base"))
+        return settings_on(device, stack=replace(current_stack(), neuronx_cc=compiler), neff_cache=Path("/base"))
 
     neuron = device_run_env(settings("neuron", "2.16.0.0+1a2b3c4d"), {}, {"NEURON_RT_VISIBLE_CORES": "4"})
     assert neuron["TORCH_NEURONX_NEFF_CACHE_DIR"] == "/base/neuronxcc-2.16.0.0+1a2b3c4d"

@@ -3,15 +3,21 @@
 The cpu row passes, with every check the table rules out reported N/A and why; the failure paths that
 can be shown honestly without Trainium fail where they should: a device that is not there (cuda), a
 compile cache that cannot be written, an unreadable slice, a missing or unreadable owners listing, a
-missing compiler, and cores that turn out not to be exclusive.
+missing compiler, and cores that turn out not to be exclusive. And the package keeps each check in one
+place: its module (row and runner) and its scripts, real files that render standalone and lint clean.
 """
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import dataclasses
+import importlib
 import json
 import os
+import pkgutil
+import re
+import shutil
 import stat
 import subprocess
 import sys
@@ -24,10 +30,15 @@ import pandas as pd
 import pytest
 import yaml
 
-from pytest_neuron_support.doctor.doctor import CHECKS, FAIL, NA, NOT_RUN, OK, run_doctor
-from pytest_neuron_support.run.devices import DEVICES
+import pytest_neuron_support.doctor
+from pytest_neuron_support.devices.table import DEVICES
+from pytest_neuron_support.doctor.command import run_doctor
+from pytest_neuron_support.doctor.registry import CHECKS
+from pytest_neuron_support.doctor.render import common_parts, render, script_names, script_source
+from pytest_neuron_support.doctor.report import FAIL, NA, NOT_RUN, OK
 
 REPO = Path(__file__).resolve().parent.parent
+DOCTOR = Path(pytest_neuron_support.doctor.__file__).parent
 KEYS = [c.key for c in CHECKS]
 #: What the cpu row of the device table rules out, and the field that says so.
 CPU_NOT_APPLICABLE = {
@@ -72,7 +83,7 @@ def test_cpu_passes_every_check_that_applies_and_says_why_the_rest_do_not(tmp_pa
     assert proc.returncode == 0, proc.stdout + proc.stderr
     table = proc.stdout.split("\n\n", 1)[1]  # after the progress lines
     for check in CHECKS:
-        assert check.name.split()[0] in table, check.name
+        assert f"{check.key}: {check.name.split()[0]}" in table, check.name  # named by key, never by number
     lines = proc.stdout.strip().splitlines()
     assert lines[-1] == "doctor: 9 OK, 0 FAIL, 6 N/A on cpu", lines[-1]
 
@@ -80,7 +91,7 @@ def test_cpu_passes_every_check_that_applies_and_says_why_the_rest_do_not(tmp_pa
     assert report["passed"] is True and report["device"] == "cpu"
     assert report["versions"]["torch"].startswith("2.") and report["timestamp"]
     assert [c["key"] for c in report["checks"]] == KEYS
-    assert [c["number"] for c in report["checks"]] == list(range(1, len(KEYS) + 1))
+    assert all("number" not in c for c in report["checks"])
     found = {c["key"]: c for c in report["checks"]}
     for key, why in CPU_NOT_APPLICABLE.items():
         assert found[key]["status"] == NA, found[key]
@@ -108,7 +119,7 @@ def test_cuda_without_a_gpu_fails_at_the_device_and_runs_nothing_that_needs_one(
     assert device["found"].startswith("no cuda device visible to torch") and "torch.cuda" in device["found"]
     for key in DEVICE_CHECKS:
         assert found[key]["status"] == NOT_RUN, found[key]
-        assert found[key]["found"] == "not run: needs check 2 (device available, core count), which is FAIL"
+        assert found[key]["found"] == "not run: needs `device` (device available, core count), which is FAIL"
     # What the cuda row rules out is still N/A by the table, not NOT RUN: cuda shares a GPU.
     assert found["exclusive"]["status"] == NA and "CUDA_VISIBLE_DEVICES" in found["exclusive"]["found"]
     assert json.loads(out.read_text())["passed"] is False
@@ -157,7 +168,7 @@ def test_an_unreadable_slice_fails_and_stops_the_device_checks(tmp_path: Path) -
     assert proc.returncode == 1, proc.stdout + proc.stderr
     found = rows(out)
     assert found["slice"]["status"] == FAIL and "runs backwards" in found["slice"]["found"]
-    assert found["bf16"]["status"] == NOT_RUN and "check 3" in found["bf16"]["found"]
+    assert found["bf16"]["status"] == NOT_RUN and "needs `slice` (" in found["bf16"]["found"]
 
 
 def fake_owners_command(tmp_path: Path, listing: object, exit_status: int = 0) -> tuple[str, ...]:
@@ -275,9 +286,13 @@ def test_the_doctor_process_imports_neither_torch_nor_transformers() -> None:
     # Everything that touches the device runs in the checks' subprocesses; the modules the doctor uses
     # (lazily, too) must not drag torch in (on neuron, torch autoloads torch-neuronx).
     code = (
-        "import sys\n"
-        "import pytest_neuron_support.doctor.doctor, pytest_neuron_support.run.execution\n"
+        "import importlib, pkgutil, sys\n"
+        "import pytest_neuron_support.doctor, pytest_neuron_support.run.execution\n"
         "import pytest_neuron_support.run.runscript, pytest_neuron_support.viewer.report\n"
+        # Every module of the package, the checks' included (__main__ would run the doctor).
+        "for m in pkgutil.walk_packages(pytest_neuron_support.doctor.__path__, 'pytest_neuron_support.doctor.'):\n"
+        "    if not m.name.endswith('__main__'):\n"
+        "        importlib.import_module(m.name)\n"
         "print(sorted(m for m in ('torch', 'transformers', 'torch_neuronx') if m in sys.modules))\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -309,16 +324,18 @@ def test_rows_record_the_self_check_the_session_found_with_its_results(
 def test_the_device_check_counts_neuron_cores_without_reading_unpinned_properties(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Doctor check 2 used to read get_device_properties(0) unpinned: nrt_init over every core of the host.
+    # The doctor's `device` check used to read get_device_properties(0) unpinned: nrt_init over every core
+    # of the host.
     from test_devices import calls, fake_torch
 
-    from pytest_neuron_support.doctor.doctor import _Doctor
+    from pytest_neuron_support.doctor.check import Doctor
+    from pytest_neuron_support.doctor.checks import device
 
     log = fake_torch(tmp_path, monkeypatch)
-    doctor = _Doctor(DEVICES["neuron"], timeout=120, work_dir=tmp_path, environ=dict(os.environ))
-    found, passed = doctor.check_device()
+    doctor = Doctor(DEVICES["neuron"], timeout=120, work_dir=tmp_path, environ=dict(os.environ))
+    found, passed = device.run(doctor)
     assert passed and found.startswith("64 reported"), found
-    assert "check 5 reads" in found and "24.0 GiB (LNC table)" in found, found
+    assert "the `memory` check reads" in found and "24.0 GiB (LNC table)" in found, found
     assert [c for c in calls(log) if c["call"] == "get_device_properties"] == [], calls(log)
 
 
@@ -381,7 +398,7 @@ def test_neuron_ls_core_ids_are_cross_checked_against_the_numbering_the_pinning_
     passed: bool,
     says: str,
 ) -> None:
-    from pytest_neuron_support.doctor.doctor import core_numbering
+    from pytest_neuron_support.doctor.checks.core_ids import core_numbering
 
     found, ok = core_numbering(listing, count, pool, pinned, lnc)
     assert ok is passed and says in found, found
@@ -398,3 +415,104 @@ def test_the_core_id_check_runs_after_the_owners_listing_and_fails_with_the_numb
     row = {c.key: c for c in report.checks}["core-ids"]
     assert row.status == FAIL and "MISMATCH" in row.found, row
     assert f"neuron-ls numbers PHYSICAL cores ({2 * logical} = {logical} logical x LNC 2)" in row.found, row
+
+
+def check_module(key: str) -> Any:
+    return importlib.import_module(f"pytest_neuron_support.doctor.checks.{key.replace('-', '_')}")
+
+
+def started_scripts(module: Any) -> set[str]:
+    """The scripts a check module's runner starts: the second argument of its ``doctor.run(...)`` and
+    ``doctor.start(...)`` calls (label, script, args, env)."""
+    tree = ast.parse(Path(module.__file__).read_text(encoding="utf-8"))
+    return {
+        call.args[1].value
+        for call in ast.walk(tree)
+        if isinstance(call, ast.Call)
+        and isinstance(call.func, ast.Attribute)
+        and call.func.attr in ("run", "start")
+        and isinstance(call.func.value, ast.Name)
+        and call.func.value.id == "doctor"
+        and isinstance(call.args[1], ast.Constant)
+    }
+
+
+def test_each_check_is_one_module_with_its_row_its_runner_and_its_scripts() -> None:
+    # One room: a new check is a module under checks/ (and scripts under scripts/) plus its place in the
+    # registry. The registry lists every check module, once, and nothing else.
+    modules = sorted(m.name for m in pkgutil.iter_modules([str(DOCTOR / "checks")]))
+    assert modules == sorted(key.replace("-", "_") for key in KEYS)
+    assert len(set(KEYS)) == len(KEYS)
+    earlier: set[str] = set()
+    for check in CHECKS:
+        module = check_module(check.key)
+        assert module.CHECK is check, check.key
+        # Its row's texts and its runner are the module's own, not another's.
+        assert check.run.__module__ == module.__name__ and check.expected.__module__ == module.__name__, check.key
+        # The scripts its runner starts are the ones its row names, and they ship with the package.
+        assert started_scripts(module) == set(check.scripts), check.key
+        assert all((DOCTOR / "scripts" / f"{name}.py").is_file() for name in check.scripts), check.key
+        # What it needs runs before it (run_doctor reads their results).
+        assert set(check.needs) <= earlier, check.key
+        earlier.add(check.key)
+    # Every script belongs to a check: none is left over.
+    assert sorted({name for check in CHECKS for name in check.scripts}) == list(script_names())
+
+
+def test_no_script_is_a_string_and_no_check_is_named_by_number() -> None:
+    # The scripts are files ruff reads; a program kept in a string constant of the package would not be.
+    for path in sorted(DOCTOR.rglob("*.py")):
+        if "scripts" in path.relative_to(DOCTOR).parts:
+            continue
+        text = path.read_text(encoding="utf-8")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                program = re.search(r"^\s*(def \w+\(|import \w+$|from \S+ import \w)", node.value, re.M)
+                assert not ("\n" in node.value and program), (path, node.value[:200])
+        assert not re.search(r"\bchecks? \d", text), path  # checks are named by key
+
+
+def test_every_script_renders_into_a_standalone_program_that_lints_clean(tmp_path: Path) -> None:
+    ruff = shutil.which("ruff") or str(Path(sys.executable).with_name("ruff"))
+    if not Path(ruff).exists() and shutil.which(ruff) is None:
+        pytest.skip("ruff is not installed (it is in the test extra)")
+    # The files as they ship: ruff with the repository's configuration.
+    lint = subprocess.run([ruff, "check", str(DOCTOR / "scripts")], capture_output=True, text=True, cwd=REPO)
+    assert lint.returncode == 0, lint.stdout + lint.stderr
+    for name in script_names():
+        source = render(name, {"device": "cpu", "memory_module": None, "core_env_var": None}, file=f"01-{name}.py")
+        assert "@@" not in source and "from harness import" not in source and "from common import" not in source
+        assert "python3 01-" in source and "SPEC = {'device': 'cpu'" in source, name
+        compile(source, name, "exec")
+        (tmp_path / f"{name}.py").write_text(source, encoding="utf-8")
+    # The programs as they run: every name they use defined (the splice brought what common.py's code
+    # needs), nothing defined or imported twice (common.py's rank_entry must not replace a check's own).
+    lint = subprocess.run(
+        [ruff, "check", "--isolated", "--select", "F", "--output-format", "concise", str(tmp_path)],
+        capture_output=True,
+        text=True,
+    )
+    assert lint.returncode == 0, lint.stdout + lint.stderr
+
+
+def test_scripts_run_run_pys_own_code_from_templates_common() -> None:
+    # The process-group check's launcher is common.py's spawn_ranks and join_process_group, verbatim,
+    # with the constants they use; its own rank_entry stays the one spawn_ranks starts.
+    from pytest_neuron_support.run.runscript import template
+
+    common = template("common.py")
+    launcher = common_parts(("join_process_group", "spawn_ranks"), defined={"rank_entry"})
+    for name in ("join_process_group", "spawn_ranks", "RENDEZVOUS_TIMEOUT_S"):
+        node = next(n for n in ast.parse(common).body if name in {getattr(n, "name", None), *_targets(n)})
+        assert str(ast.get_source_segment(common, node)) in launcher, name
+    assert "def rank_entry" not in launcher and "def rank_core" not in launcher
+    rendered = render("process_group", {"device": "cpu"}, file="13-process-group.py")
+    assert rendered.count("def rank_entry(") == 1 and rendered.count("def spawn_ranks(") == 1
+    assert "def end_with_parent(" in rendered and "def write_json(" in rendered  # through the harness
+    assert "from common import" in script_source("process_group")  # the file names what it takes
+    with pytest.raises(ValueError, match="defines no no_such_part"):
+        common_parts(("no_such_part",))
+
+
+def _targets(node: ast.stmt) -> list[str]:
+    return [t.id for t in node.targets if isinstance(t, ast.Name)] if isinstance(node, ast.Assign) else []

@@ -130,7 +130,7 @@ def test_a_rank_that_dies_after_writing_a_good_result_fails_the_run_naming_it(
 def run_two_ranks(tmp_path: Path, post_load: str) -> dict[str, Any]:
     """A 2-rank tiny llama run.py with ``post_load`` planted after loading; its failed merged result."""
     from pytest_neuron_support import zoo
-    from pytest_neuron_support.run.devices import DEVICES
+    from pytest_neuron_support.devices.table import DEVICES
     from pytest_neuron_support.run.execution import run_script
     from pytest_neuron_support.run.runscript import RunSpec, render
 
@@ -193,17 +193,18 @@ def test_rank_zero_publishes_the_runtime_root_comm_port_of_the_lease_and_refuses
     import subprocess
     import sys
 
-    from pytest_neuron_support.doctor.doctor import _LAUNCHER_PARTS, _common
+    from pytest_neuron_support.doctor.render import common_parts
 
     namespace: dict[str, object] = {}
-    exec(compile(_common(("ROOT_COMM_BASE", "root_comm_port")), "common.py", "exec"), namespace)
+    exec(compile(common_parts(("ROOT_COMM_BASE", "root_comm_port")), "common.py", "exec"), namespace)
     root_comm_port = namespace["root_comm_port"]
     assert callable(root_comm_port)
     assert [root_comm_port(0), root_comm_port(8), root_comm_port(63)] == [61100, 61108, 61163]
     assert root_comm_port(63) > 60999  # above Linux's ephemeral range: the kernel never hands it out
 
     script = tmp_path / "ranks.py"
-    script.write_text(_ROOT_COMM_SCRIPT.replace("@@LAUNCHER@@", _common(_LAUNCHER_PARTS)), encoding="utf-8")
+    launcher = common_parts(("join_process_group", "spawn_ranks"), defined={"rank_entry"})  # run.py's own
+    script.write_text(_ROOT_COMM_SCRIPT.replace("@@LAUNCHER@@", launcher), encoding="utf-8")
 
     def launch(port: int, out: Path) -> tuple[dict[str, object], list[dict[str, str]]]:
         proc = subprocess.run(

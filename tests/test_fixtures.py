@@ -12,9 +12,11 @@ from faultkit import SITECUSTOMIZE, record_tree, recorded
 from pytest_neuron_support.catalog.load import load_catalog
 from pytest_neuron_support.data.dataset import read_dataset, write_rows
 from pytest_neuron_support.data.records import SCHEMA_VERSION, Row
+from pytest_neuron_support.devices.table import DEVICES
 from pytest_neuron_support.run.cores import SLICE_ENV, CorePool
-from pytest_neuron_support.run.devices import DEVICES
-from pytest_neuron_support.session.fixtures import FIXTURES, CoreLease, MarkerError, model_from_marker, pinning_env
+from pytest_neuron_support.session.evidence import FIXTURES
+from pytest_neuron_support.session.fixtures import MarkerError, model_from_marker
+from pytest_neuron_support.session.handles import CoreLease, pinning_env
 
 REPO = Path(__file__).resolve().parent.parent
 QWEN3 = next(m for m in load_catalog(REPO / "models-tiny.yaml").models if m.id == "tiny-random/qwen3")

@@ -24,6 +24,7 @@ import pytest
 from hubserver import HubServer, ModelRecord
 
 from pytest_neuron_support.data import hub
+from pytest_neuron_support.tasks.table import RANKED_TASKS
 
 CANARY = "hf_CanaryTokenDoNotLeak0123456789"
 # Allowance on top of a deadline before a timing assertion fails: CI machines can be loaded.
@@ -148,7 +149,7 @@ def test_elapsed_is_the_fetchs_own_time(hub_server: HubServer) -> None:
     assert 0.3 - 0.001 <= ranking.elapsed_s <= wall + 0.001, (ranking.elapsed_s, wall)
 
 
-@pytest.mark.parametrize("task", hub.TASKS)
+@pytest.mark.parametrize("task", RANKED_TASKS)
 @pytest.mark.parametrize("sort", sorted(hub.SORTS))
 def test_rankings_follow_the_servers_order_and_filter(hub_server: HubServer, task: str, sort: str) -> None:
     ranking = hub.fetch_ranking(task, sort)
@@ -205,9 +206,9 @@ def test_limit_smaller_than_the_task(hub_server: HubServer) -> None:
 
 
 def test_fetch_all_covers_every_task_and_sort(hub_server: HubServer) -> None:
-    rankings = hub.fetch_all(limit=3)
+    rankings = hub.fetch_all(RANKED_TASKS, limit=3)
 
-    assert [(r.task, r.sort) for r in rankings] == [(t, s) for t in hub.TASKS for s in hub.SORTS]
+    assert [(r.task, r.sort) for r in rankings] == [(t, s) for t in RANKED_TASKS for s in hub.SORTS]
     for ranking in rankings:
         assert ranking.error is None
         key = "downloads" if ranking.sort == "downloads" else "trending"
@@ -312,10 +313,10 @@ def test_fetch_all_stops_asking_when_its_deadline_has_passed(hub_server: HubServ
     hub_server.delay_s = math.inf
 
     started = time.monotonic()
-    rankings = hub.fetch_all(timeout_s=1)
+    rankings = hub.fetch_all(RANKED_TASKS, timeout_s=1)
 
     assert time.monotonic() - started < 1 + SLACK_S
-    assert len(rankings) == len(hub.TASKS) * len(hub.SORTS)
+    assert len(rankings) == len(RANKED_TASKS) * len(hub.SORTS)
     # The first ranking gets what is left of the second (a hair under 1 s on a loaded machine).
     assert rankings[0].error is not None
     assert re.fullmatch(rf"no answer from {re.escape(hub_server.url)}/api/models within [\d.]+ s", rankings[0].error)
@@ -327,7 +328,8 @@ def test_fetch_all_stops_asking_when_its_deadline_has_passed(hub_server: HubServ
 def test_offline_mode_is_reported_not_raised(tmp_path: Path) -> None:
     # HF_HUB_OFFLINE is read at import, so only a fresh interpreter can show this.
     script = (
-        "from pytest_neuron_support.data import hub\nr = hub.fetch_ranking('text-generation', 'trending')\nprint(r.error)\n"
+        "from pytest_neuron_support.data import hub\n"
+        "r = hub.fetch_ranking('text-generation', 'trending')\nprint(r.error)\n"
     )
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_ENDPOINT": f"http://127.0.0.1:{closed_port()}"}
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60)
@@ -367,7 +369,7 @@ def test_credentials_in_the_endpoint_are_not_kept(hub_server: HubServer, monkeyp
 
 
 def test_snapshot_round_trip(hub_server: HubServer, tmp_path: Path) -> None:
-    rankings = hub.fetch_all(limit=10)
+    rankings = hub.fetch_all(RANKED_TASKS, limit=10)
     hub_server.fail_with = 400
     rankings.append(hub.fetch_ranking("text-generation", "trending"))
     path = tmp_path / "site" / "hub-rankings.json"
@@ -556,8 +558,8 @@ def test_fetch_all_gives_up_at_once_when_the_hub_is_unreachable(monkeypatch: pyt
     port = closed_port()
     monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
     assert hub.unreachable() == f"http://127.0.0.1:{port} is unreachable (Connection refused)"
-    rankings = hub.fetch_all(timeout_s=60)
-    assert len(rankings) == len(hub.TASKS) * len(hub.SORTS)
+    rankings = hub.fetch_all(RANKED_TASKS, timeout_s=60)
+    assert len(rankings) == len(RANKED_TASKS) * len(hub.SORTS)
     assert {r.error for r in rankings} == {f"not fetched: http://127.0.0.1:{port} is unreachable (Connection refused)"}
     assert not [t for t in threading.enumerate() if t.name.startswith("neuron-support-hub-fetch-")]
 

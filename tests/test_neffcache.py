@@ -200,7 +200,7 @@ def test_stage_links_finished_entries_keeping_relative_paths(tmp_path: Path) -> 
 
 
 def test_each_compiler_version_has_its_own_local_cache_which_runs_pull_and_push_share(tmp_path: Path) -> None:
-    from pytest_neuron_support.run.devices import DEVICES
+    from pytest_neuron_support.devices.table import DEVICES
 
     base = tmp_path / "neff"
     a, b = neffcache.local_cache_dir(base, "2.15.128.0+56dc5a86"), neffcache.local_cache_dir(base, "2.16.0.0+1a2b3c4d")
@@ -337,7 +337,7 @@ def test_cli_refuses_to_guess_a_version_off_trainium(hf: Hf, tmp_path: Path) -> 
 def test_a_neuron_session_without_neff_cache_uses_the_base_neff_pull_fills() -> None:
     # Without --neff-cache a neuron run would compile into torch-neuronx's flat default while neff pull
     # filled <base>/neuronxcc-<version>: the session takes the same default base the pull and push do.
-    from pytest_neuron_support.run.devices import DEVICES
+    from pytest_neuron_support.devices.table import DEVICES
     from pytest_neuron_support.run.neffcache import DEFAULT_CACHE_DIR, session_cache_base
 
     neuron, cpu = DEVICES["neuron"], DEVICES["cpu"]

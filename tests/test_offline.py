@@ -11,14 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from pytest_neuron_support.checks.pipeline import _cpu_env, device_run_env, session_env
-from pytest_neuron_support.checks.rows import failure_of, offline_cause, offline_load_error
 from pytest_neuron_support.data.records import current_stack
-from pytest_neuron_support.run.devices import DEVICES, NO_DEVICE_ENV
-from pytest_neuron_support.run.execution import ProcessOutcome
-from pytest_neuron_support.run.settings import Settings
-from pytest_neuron_support.session.controller import Resolved, settings_for, with_judge
+from pytest_neuron_support.devices.table import DEVICES, NO_DEVICE_ENV
+from pytest_neuron_support.run.context import cpu_env, device_run_env, session_env
+from pytest_neuron_support.run.execution import ProcessOutcome, failure_of, offline_cause, offline_load_error
+from pytest_neuron_support.run.settings import Resolved, Settings
 from pytest_neuron_support.session.options import Options
+from pytest_neuron_support.session.resolve import settings_for, with_judge
 
 DOWN = "http://127.0.0.1:9 is unreachable (Connection refused)"
 # What transformers raises when a checkpoint is neither cached nor downloadable (HF_HUB_OFFLINE=1).
@@ -32,7 +31,7 @@ NOT_CACHED = (
 def _settings(hub_unreachable: str | None) -> Settings:
     return Settings(
         device=DEVICES["cpu"],
-        pool_cores=1,
+        neuron_cores=1,
         max_new_tokens=4,
         prompt="p",
         model_timeout=60.0,
@@ -59,9 +58,9 @@ def test_runs_are_offline_only_when_the_session_found_the_hub_unreachable() -> N
     assert session_env(up, {"HF_HUB_OFFLINE": "1"}) == {"HF_HUB_OFFLINE": "1"}
     # Both kinds of process a model's check starts: the device run and every CPU-side run.
     assert device_run_env(down, environ, {"NEURON_RT_VISIBLE_CORES": "4"})["HF_HUB_OFFLINE"] == "1"
-    assert _cpu_env(down, environ) == {"HOME": "/h", "HF_HUB_OFFLINE": "1", **NO_DEVICE_ENV}
+    assert cpu_env(down, environ) == {"HOME": "/h", "HF_HUB_OFFLINE": "1", **NO_DEVICE_ENV}
     assert device_run_env(up, environ, {})["HF_HUB_OFFLINE"] == "0"
-    assert _cpu_env(up, environ)["HF_HUB_OFFLINE"] == "0"
+    assert cpu_env(up, environ)["HF_HUB_OFFLINE"] == "0"
     assert environ["HF_HUB_OFFLINE"] == "0"  # the caller's mapping is not changed
 
 
@@ -70,9 +69,9 @@ def test_every_process_run_for_a_model_gets_the_sessions_cpu_threads() -> None:
     threads, inherit = dataclasses.replace(_settings(None), cpu_threads=3), _settings(None)
     assert session_env(threads, environ)["OMP_NUM_THREADS"] == "3"
     assert device_run_env(threads, environ, {"NEURON_RT_VISIBLE_CORES": "4"})["OMP_NUM_THREADS"] == "3"
-    assert _cpu_env(threads, environ)["OMP_NUM_THREADS"] == "3"
+    assert cpu_env(threads, environ)["OMP_NUM_THREADS"] == "3"
     # None: the user's own OMP_NUM_THREADS (or none) reaches the runs as it is.
-    assert _cpu_env(inherit, environ)["OMP_NUM_THREADS"] == "12"
+    assert cpu_env(inherit, environ)["OMP_NUM_THREADS"] == "12"
     assert "OMP_NUM_THREADS" not in device_run_env(inherit, {"HOME": "/h"}, {})
 
 
@@ -108,7 +107,7 @@ def test_the_finding_travels_to_workers_in_their_settings(tmp_path: Path) -> Non
     resolved = Resolved(
         device="cpu",
         cores=(0, 1),
-        pool=2,
+        neuron_cores=2,
         core_bytes=1 << 30,
         neuronx_cc="none",
         session="s",
@@ -155,8 +154,8 @@ def test_the_finding_travels_to_workers_in_their_settings(tmp_path: Path) -> Non
 def test_settings_hash_does_not_depend_on_the_hub() -> None:
     import hashlib
 
-    from pytest_neuron_support.catalog.load import ModelSpec
-    from pytest_neuron_support.run.settings import settings_hash
+    from pytest_neuron_support.base.model import ModelSpec
+    from pytest_neuron_support.checks.rows import settings_hash
 
     model = ModelSpec(id="org/m")
     settings = _settings(None)
@@ -200,8 +199,8 @@ def test_settings_hash_does_not_depend_on_the_hub() -> None:
 def test_the_controller_decides_the_runs_cpu_threads(
     pytester: pytest.Pytester, args: tuple[str, ...], environ: dict[str, str], threads: int | None
 ) -> None:
-    from pytest_neuron_support.session.controller import resolve_cpu_threads
     from pytest_neuron_support.session.options import parse_options
+    from pytest_neuron_support.session.resolve import resolve_cpu_threads
 
     config = pytester.parseconfig(*args)
     assert resolve_cpu_threads(config, parse_options(config), environ, cpus=16) == threads

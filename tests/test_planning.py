@@ -19,7 +19,8 @@ from typing import Any
 
 import pytest
 
-from pytest_neuron_support.catalog.load import ModelSpec
+from pytest_neuron_support.base.model import ModelSpec
+from pytest_neuron_support.devices.table import TRN2_LOGICAL_CORE_BYTES as TRN2_CORE_BYTES
 from pytest_neuron_support.planning.planner import (
     CORE_CHOICES,
     DEFAULT_HEADROOM,
@@ -38,7 +39,6 @@ from pytest_neuron_support.planning.planner import (
     plan_cores,
     read_safetensors_header,
 )
-from pytest_neuron_support.run.devices import TRN2_LOGICAL_CORE_BYTES as TRN2_CORE_BYTES
 
 CONFIGS = Path(__file__).resolve().parent / "fixtures" / "configs"
 REPO = Path(__file__).resolve().parent.parent
@@ -478,7 +478,7 @@ def install_in_cache(cache: Path, repo_id: str, files: Path, skip: tuple[str, ..
 HUB_SCRIPT = textwrap.dedent(
     """
     import dataclasses, json, sys
-    from pytest_neuron_support.catalog.load import ModelSpec
+    from pytest_neuron_support.base.model import ModelSpec
     from pytest_neuron_support.planning.planner import PlanningError, inspect_model
 
     out = {}
@@ -567,7 +567,7 @@ def inspect_on_the_loopback_hub(record: Any, tmp_path: Path) -> tuple[dict[str, 
 
     code = (
         "import dataclasses, json, sys\n"
-        "from pytest_neuron_support.catalog.load import ModelSpec\n"
+        "from pytest_neuron_support.base.model import ModelSpec\n"
         "from pytest_neuron_support.planning.planner import inspect_model\n"
         "print(json.dumps(dataclasses.asdict(inspect_model(ModelSpec(id=sys.argv[1])))))\n"
     )

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from pytest_neuron_support import zoo
-from pytest_neuron_support.run.devices import DEVICES
+from pytest_neuron_support.devices.table import DEVICES
 from pytest_neuron_support.run.runscript import RunSpec, render
 
 # benchmarks/ is a directory of scripts, not a package: import from it as the benchmarks themselves do.

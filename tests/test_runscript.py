@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_neuron_support.run.devices import DEVICES
+from pytest_neuron_support.devices.table import DEVICES
 from pytest_neuron_support.run.runscript import RunSpec, TrainSpec, render, render_train, template
 
 
@@ -68,11 +68,6 @@ def test_every_task_renders_its_loading_path() -> None:
     from pytest_neuron_support.catalog.load import TASKS
     from pytest_neuron_support.tasks.table import TASKS as TABLE
 
-    assert (
-        set(TASKS)
-        == set(TABLE)
-        == {"text-generation", "image-text-to-text", "feature-extraction", "sentence-similarity"}
-    )
     expected = {
         "text-generation": ("AutoModelForCausalLM", "text"),
         "image-text-to-text": ("AutoModelForImageTextToText", "vision"),
@@ -80,14 +75,19 @@ def test_every_task_renders_its_loading_path() -> None:
         "sentence-similarity": ("AutoModel", "embedding"),
     }
     assert set(TASKS) == set(TABLE) == set(expected)
+    # Each task's run.py holds its own code (its fragments) and no other task's.
+    own = {"text.py": 'preprocessor(SPEC["prompt"]', "vision.py": "def fixed_image(", "embedding.py": "def pool("}
     for task in TASKS:
-        source = render(spec(task=task, sentences=("a b", "c")))
+        source = render(spec(task=task, sentences=("a b", "c"), **TABLE[task].script_fields()))
         compile(source, "run.py", "exec")
         written = spec_literal(source)
         assert written["task"] == task and written["sentences"] == ["a b", "c"]
         assert written["image_size"] == [224, 224]
         # The task table's row travels in the SPEC: run.py keeps no task table of its own.
         assert (written["auto_class"], written["inputs"]) == expected[task]
+        for fragment, marker in own.items():
+            assert (marker in source) == (fragment in TABLE[task].fragments), (task, fragment)
+        assert "@@TASK@@" not in source and "@@COMMON@@" not in source
     assert "TASKS" not in template()
 
 
@@ -112,16 +112,18 @@ def test_ranks_join_the_process_group_before_anything_seeds_or_touches_the_devic
     calls += [
         node.func.id
         for node in ast.walk(run)
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "join_process_group"
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "join_world"
     ]
     lines = {
         getattr(node.func, "attr", getattr(node.func, "id", None)): node.lineno
         for node in ast.walk(run)
         if isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None)) in calls
     }
-    # run() joins through common.py's join_process_group, which calls init_process_group itself.
-    assert sorted(calls) == ["join_process_group", "manual_seed"]
-    assert lines["join_process_group"] < lines["manual_seed"]
+    # run() joins through common.py's join_world, whose join_process_group calls init_process_group itself.
+    assert sorted(calls) == ["join_world", "manual_seed"]
+    assert lines["join_world"] < lines["manual_seed"]
+    world = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "join_world")
+    assert any(isinstance(n, ast.Call) and getattr(n.func, "id", None) == "join_process_group" for n in ast.walk(world))
     join = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "join_process_group")
     assert any(
         isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "init_process_group"
@@ -162,10 +164,15 @@ def test_ranks_meet_in_the_store_rank_zero_bound_itself(tmp_path: Path) -> None:
     # No port is chosen before rank 0 binds one (a port picked and handed over can be taken by
     # another concurrent sharded run meanwhile): rank 0's store takes port 0 and publishes the
     # port it got; a stale rendezvous file from an earlier run is not read.
-    from pytest_neuron_support.doctor.doctor import _LAUNCHER_PARTS, _common
+    from pytest_neuron_support.doctor.render import common_parts
 
     script = tmp_path / "ranks.py"
-    script.write_text(_RENDEZVOUS_SCRIPT.replace("@@LAUNCHER@@", _common(_LAUNCHER_PARTS)), encoding="utf-8")
+    script.write_text(
+        _RENDEZVOUS_SCRIPT.replace(
+            "@@LAUNCHER@@", common_parts(("join_process_group", "spawn_ranks"), defined={"rank_entry"})
+        ),
+        encoding="utf-8",
+    )
     out = tmp_path / "result.json"
     proc = subprocess.run(
         [sys.executable, str(script), str(out)], capture_output=True, text=True, timeout=300, check=False
@@ -254,6 +261,7 @@ def test_run_py_and_train_py_carry_the_one_common_code_inlined_once() -> None:
         "ROOT_COMM_BASE",
         "root_comm_port",
         "join_process_group",
+        "join_world",
         "spawn_ranks",
         "first_failure",
         "last_stage",

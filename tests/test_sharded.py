@@ -12,7 +12,7 @@ import pytest
 from faultkit import assert_outcomes
 
 from pytest_neuron_support import zoo
-from pytest_neuron_support.run.devices import DEVICES
+from pytest_neuron_support.devices.table import DEVICES
 from pytest_neuron_support.run.execution import run_script
 from pytest_neuron_support.run.runscript import JudgeSpec, RunSpec, render, render_judge
 

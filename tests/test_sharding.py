@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from pytest_neuron_support.checks.rows import with_cache_counts
 from pytest_neuron_support.data.records import COLUMN_DOCS, Row, current_stack
+from pytest_neuron_support.devices.table import DEVICES
 from pytest_neuron_support.run.caches import ReferenceCache, clean_compile_cache, reference_key
-from pytest_neuron_support.run.devices import DEVICES
 from pytest_neuron_support.run.runscript import RunSpec
 from pytest_neuron_support.session.sharding import Shard, ShardError, assign, parse_shard, shard_from_env
+from pytest_neuron_support.tasks.table import task_of
 
 
 def test_parse_shard() -> None:
@@ -94,9 +94,10 @@ def row() -> Row:
 def test_missing_cache_stats_are_unknown_in_the_row_never_zero() -> None:
     # run.py's result when the wheel has no stats binding (templates/run.py cache_counts()).
     missing = {"compile_cache": {"hits": None, "misses": None, "unavailable": "AttributeError: no _get_..."}}
-    unknown = with_cache_counts(row(), missing)
+    counts = task_of("text-generation").with_result  # the task's result columns hold the counters
+    unknown = counts(row(), missing)
     assert (unknown.persistent_cache_hits, unknown.persistent_cache_misses) == (None, None)
-    counted = with_cache_counts(row(), {"compile_cache": {"hits": 3, "misses": 0}})
+    counted = counts(row(), {"compile_cache": {"hits": 3, "misses": 0}})
     assert (counted.persistent_cache_hits, counted.persistent_cache_misses) == (3, 0)
 
 

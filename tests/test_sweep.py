@@ -12,11 +12,11 @@ import pytest
 from faultkit import session_rows
 
 from pytest_neuron_support import zoo
+from pytest_neuron_support.base.storage import slug
 from pytest_neuron_support.catalog.load import load_catalog
 from pytest_neuron_support.planning.planner import cpu_threads, usable_cpus
 from pytest_neuron_support.run.execution import run_script
-from pytest_neuron_support.run.settings import slug
-from pytest_neuron_support.verdict.checks import DEFAULT_MIN_COSINE
+from pytest_neuron_support.verdict.embeddings import DEFAULT_MIN_COSINE
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow
@@ -128,7 +128,9 @@ def test_tiny_zoo_sweep_passes_every_architecture_with_four_workers_over_four_co
     assert (df.neuronx_cc == "none").all() and (df.library == "transformers").all()
     # Every run shared the CPUs with the other workers' runs instead of sizing its pool to the machine.
     assert (df.cpu_threads == cpu_threads(usable_cpus(), 4)).all(), df.cpu_threads
-    assert df.runscript.str.contains("cache_implementation").all()
+    # Each run.py holds its task's own code: static-cache generation for the generation tasks only.
+    assert generated.runscript.str.contains('"cache_implementation": "static"').all()
+    assert not embedded.runscript.str.contains("cache_implementation").any()
     # That the stored run.py is the one that ran is checked by running it again: see
     # test_parity_failure_and_load_error_are_rows_and_the_sweep_goes_on.
 

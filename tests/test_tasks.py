@@ -15,11 +15,13 @@ import pytest
 from faultkit import assert_outcomes
 
 from pytest_neuron_support import zoo
+from pytest_neuron_support.base.storage import slug
 from pytest_neuron_support.catalog.load import parse_catalog
-from pytest_neuron_support.run.devices import DEVICES
+from pytest_neuron_support.devices.table import DEVICES
 from pytest_neuron_support.run.runscript import RunSpec, render, template
-from pytest_neuron_support.run.settings import slug
-from pytest_neuron_support.verdict.checks import DEFAULT_MIN_COSINE, EMBEDDING_SENTENCES, compare_embeddings
+from pytest_neuron_support.tasks.embedding import EMBEDDING_SENTENCES
+from pytest_neuron_support.tasks.table import task_of
+from pytest_neuron_support.verdict.embeddings import DEFAULT_MIN_COSINE, compare_embeddings
 
 MINILM = zoo.MINILM_REPO
 #: The same checkpoint under another id, so one session can run it clean and perturbed.
@@ -118,8 +120,8 @@ def test_embedding_entries_take_a_threshold_and_no_prompt() -> None:
         "tasks.yaml",
     )
     emb, sim = catalog.models
-    assert emb.embedding and emb.min_cosine == 0.99
-    assert sim.embedding and sim.min_cosine is None
+    assert task_of(emb.task).cosine and emb.min_cosine == 0.99
+    assert task_of(sim.task).cosine and sim.min_cosine is None
 
 
 def test_embedding_run_script_writes_the_sentences_and_compiles_the_forward() -> None:
@@ -134,6 +136,7 @@ def test_embedding_run_script_writes_the_sentences_and_compiles_the_forward() ->
         compile=True,
         compile_backend="inductor",
         sentences=EMBEDDING_SENTENCES,
+        **task_of("sentence-similarity").script_fields(),
     )
     source = render(spec)
     namespace: dict[str, object] = {"__name__": "run_py"}
@@ -148,7 +151,7 @@ def test_the_test_card_is_deterministic_and_not_flat() -> None:
     import torch
 
     namespace: dict[str, object] = {"__name__": "run_template"}
-    exec(compile(template(), "run.py", "exec"), namespace)
+    exec(compile(template("run.py", task_of("image-text-to-text").fragments), "run.py", "exec"), namespace)
     draw = namespace["fixed_image"]
     assert callable(draw)
     card = draw(torch, 224, 224)

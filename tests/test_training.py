@@ -18,15 +18,16 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from pytest_neuron_support.catalog.load import CatalogError, checks_of, parse_catalog
+from pytest_neuron_support.catalog.load import CatalogError, parse_catalog
+from pytest_neuron_support.checks import registry
+from pytest_neuron_support.checks.registry import checks_of
 from pytest_neuron_support.data.dataset import read_dataset, row_key, write_rows
 from pytest_neuron_support.data.records import COLUMN_TYPES, SCHEMA_VERSION, STAGES, VERDICT_BASES, Row
+from pytest_neuron_support.devices.table import DEVICES
 from pytest_neuron_support.planning.planner import GIB, ModelShape, plan_cores, training_bytes
-from pytest_neuron_support.run.devices import DEVICES
 from pytest_neuron_support.run.runscript import TrainSpec, render_train
-from pytest_neuron_support.session import suite
 from pytest_neuron_support.session.options import _checks, check_list
-from pytest_neuron_support.verdict.checks import (
+from pytest_neuron_support.verdict.training import (
     GRAD_NORM_RTOL,
     LOSS_ATOL,
     LOSS_RTOL,
@@ -229,12 +230,12 @@ def test_the_check_option_and_what_it_selects() -> None:
 
 
 def test_item_names_tell_the_checks_apart() -> None:
-    assert suite.item_name("org/a") == "test_model[org/a]"
-    assert suite.item_name("org/a", "train") == "test_training[org/a]"
-    assert suite.model_id_of("models.yaml::test_training[org/a]") == "org/a"
-    assert suite.check_of("models.yaml::test_training[org/a]") == "train"
-    assert suite.check_of("models.yaml::test_model[org/a]") == "inference"
-    assert suite.check_of("tests/test_x.py::test_y") is None
+    assert registry.item_name("org/a") == "test_model[org/a]"
+    assert registry.item_name("org/a", "train") == "test_training[org/a]"
+    assert registry.model_id_of("models.yaml::test_training[org/a]") == "org/a"
+    assert registry.check_of("models.yaml::test_training[org/a]") == "train"
+    assert registry.check_of("models.yaml::test_model[org/a]") == "inference"
+    assert registry.check_of("tests/test_x.py::test_y") is None
 
 
 def test_a_models_two_checks_are_two_rows(tmp_path: Path) -> None:
@@ -474,7 +475,7 @@ def test_an_excluded_entrys_training_item_is_a_training_row(pytester: pytest.Pyt
 
 
 def test_a_sharded_training_plan_tries_its_own_sharding_then_fsdp() -> None:
-    from pytest_neuron_support.checks.pipeline import train_distributed_configs
+    from pytest_neuron_support.checks.training import train_distributed_configs
     from pytest_neuron_support.planning.planner import Plan
 
     tp = Plan(cores=4, tp_size=4, ep_size=1, reason="", skip=None, weight_bytes=1)
@@ -509,7 +510,7 @@ def test_diff_compares_each_check_of_a_model_on_its_own() -> None:
 def test_the_training_verdict_names_the_step_and_fails_a_recompile() -> None:
     from dataclasses import replace
 
-    from pytest_neuron_support.checks.rows import training_verdict
+    from pytest_neuron_support.checks.training import training_verdict
 
     base = Row(model_id="org/a", result="ERROR", check="train")
     cpu = {"losses": [8.0, 11.0, 6.0], "grad_norms": [12.0, 12.0, 7.0]}

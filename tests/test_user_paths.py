@@ -16,7 +16,7 @@ from judges import build_judge, expected_score, no_ids, yes_ids
 
 from pytest_neuron_support.catalog.load import CatalogError, check_cores, cli_model, parse_catalog
 from pytest_neuron_support.session.fixtures import MarkerError, model_from_marker
-from pytest_neuron_support.verdict.checks import text_precheck
+from pytest_neuron_support.verdict.fluency import text_precheck
 
 CATALOG = "models:\n  - {id: org/alpha-qwen, task: text-generation}\n"
 

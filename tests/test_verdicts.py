@@ -17,8 +17,9 @@ import pytest
 from faultkit import assert_outcomes, catalog
 
 from pytest_neuron_support import zoo
-from pytest_neuron_support.run.devices import DEVICES
+from pytest_neuron_support.devices.table import DEVICES
 from pytest_neuron_support.run.runscript import RunSpec, render
+from pytest_neuron_support.tasks.table import task_of
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("eager_compile")]
 
@@ -193,6 +194,7 @@ def test_the_cpu_check_scores_given_tokens_under_their_own_prefix(
         device=cpu,
         compile=False,
         compile_backend="inductor",
+        **task_of(task).script_fields(),
     )
     reference = _run(RunSpec(**common, score_own_tokens=True), tmp_path / "reference")
     tokens = reference["tokens"]

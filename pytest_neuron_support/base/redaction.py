@@ -2,9 +2,8 @@
 environment is replaced with ``***`` in text (row errors, terminal output) and in the files a
 run writes (log.txt, result.json and the ranks' results).
 
-It lives in a module of its own because both the process harness (``execution``, which writes
-the files) and the row builder (``pipeline``, which writes the errors) need it, and ``pipeline``
-imports ``execution``.
+It lives in the room below everything because the process harness (``run.execution``, which writes the
+files), the CPU-side runs and the rows (which keep errors) all need it.
 """
 
 from __future__ import annotations

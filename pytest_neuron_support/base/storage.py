@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -49,3 +50,8 @@ def write_atomic(path: Path, content: str | bytes | Callable[[Path], None], *, m
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
     return path
+
+
+def slug(model_id: str) -> str:
+    """A directory name for a model id, a local path or a node id."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "--", model_id.strip("/")) or "model"

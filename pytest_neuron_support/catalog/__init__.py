@@ -1,0 +1,1 @@
+"""The catalog: ``models.yaml`` parsed and validated (``load``) into the models a session checks."""

@@ -16,30 +16,29 @@ from typing import Any
 
 import yaml
 
-from pytest_neuron_support.tasks.table import EMBEDDING_TASKS
+from pytest_neuron_support.base.model import (
+    CORE_COUNTS,
+    DEFAULT_CHECKS,
+    DEFAULT_DTYPE,
+    DEFAULT_REVISION,
+    DTYPES,
+    EXCLUDE_REASONS,
+    Exclusion,
+    ModelSpec,
+)
+from pytest_neuron_support.checks.registry import CHECKS, KINDS
 from pytest_neuron_support.tasks.table import TASKS as TASK_TABLE
 
-#: The catalog's task names, from the one task table (tasks.py).
+#: The catalog's task names, from the one task table (tasks/table.py).
 TASKS: tuple[str, ...] = tuple(TASK_TABLE)
-DTYPES: tuple[str, ...] = ("bfloat16", "float16", "float32")
-EXCLUDE_REASONS: tuple[str, ...] = ("low-priority", "incompatible", "remote-code", "too-large")
-CORE_COUNTS: tuple[int, ...] = (1, 2, 4, 8, 16)
-#: The checks an entry can ask for: ``inference`` (run.py: compiled greedy generation against the
-#: CPU) and ``train`` (train.py: a few Trainer steps against the same steps on CPU).
-CHECKS: tuple[str, ...] = ("inference", "train")
-DEFAULT_CHECKS: tuple[str, ...] = ("inference",)
-#: Tasks the training check applies to (train.py fine-tunes a causal LM on a fixed text set).
-TRAIN_TASKS: tuple[str, ...] = ("text-generation",)
-DEFAULT_PROMPT = "The history of the printing press begins"
-DEFAULT_DTYPE = "bfloat16"
-DEFAULT_REVISION = "main"
 
 # The Hub's repo-name rules: letters, digits, '-', '_', '.'; no leading/trailing '-' or '.',
 # no '--' or '..', at most 96 characters per part. Anchored so no entry can be a path.
 _HUB_PART = r"[A-Za-z0-9](?:[A-Za-z0-9_.-]{0,94}[A-Za-z0-9_])?"
 _HUB_ID = re.compile(rf"^{_HUB_PART}/{_HUB_PART}$")
 
-_ENTRY_FIELDS: tuple[str, ...] = (
+#: The fields a catalog entry may set.
+ENTRY_FIELDS: tuple[str, ...] = (
     "id",
     "task",
     "revision",
@@ -55,6 +54,11 @@ _ENTRY_FIELDS: tuple[str, ...] = (
     "checks",
 )
 _EXCLUDE_FIELDS: tuple[str, ...] = ("reason", "note")
+#: The entry fields that say how one model is checked (what ``@pytest.mark.neuron_model`` may set too);
+#: the others place it in a catalog (its id, exclusion, tags, packages, checks).
+MODEL_FIELDS: tuple[str, ...] = tuple(
+    name for name in ENTRY_FIELDS if name not in ("id", "extra_packages", "exclude", "tags", "checks")
+)
 
 
 class CatalogError(ValueError):
@@ -89,69 +93,6 @@ class CatalogError(ValueError):
 def is_hub_id(text: str) -> bool:
     """True for ``org/name`` in the Hub's character set (never a filesystem path)."""
     return bool(_HUB_ID.match(text)) and ".." not in text and "--" not in text
-
-
-@dataclass(frozen=True)
-class Exclusion:
-    """Why a catalog entry is collected but not run.
-
-    Attributes:
-        reason: one of ``low-priority``, ``incompatible``, ``remote-code``, ``too-large``.
-        note: free text shown in the skip message and the row.
-    """
-
-    reason: str
-    note: str = ""
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """One model to check: a catalog entry, a ``--model`` argument, or a local checkpoint.
-
-    Attributes:
-        id: Hub id ``org/name``; for a local checkpoint, the absolute directory path.
-        task: ``text-generation``, ``image-text-to-text``, ``feature-extraction`` or
-            ``sentence-similarity`` (see :data:`TASKS`).
-        revision: branch, tag or commit; ``main`` unless pinned.
-        dtype: weights dtype on the device (default bfloat16).
-        prompt: text prompt; None means the session's ``--prompt``.
-        cores: core-count override from the catalog, None to let the planner choose.
-        trust_remote_code: the entry opts in to Hub repository code (the user must too).
-        extra_packages: pip requirements to install on top of the stack for this model.
-        exclude: set when the entry is curated out; the item is reported skipped.
-        tags: free-form labels (architecture family, dense/moe), matched by ``-k``.
-        source: ``catalog``, ``cli`` (``--model ID``) or ``local`` (``--model ./dir``).
-        line: 1-based line of the entry in that file (0 for the command line).
-        min_cosine: embedding tasks only: the cosine similarity every sentence's device
-            embedding must reach against the CPU's; None means ``checks.DEFAULT_MIN_COSINE``.
-        timeout: seconds each of this model's run.py processes (device run, CPU reference, CPU
-            check) may take before its process group is killed; None means ``--model-timeout``.
-            A large model's compile may need more than the sweep's default; a model known to hang
-            can be given less, so the sweep does not wait for it.
-        checks: the checks this entry asks for (:data:`CHECKS`), each one item and one row;
-            ``--check`` replaces them for a run. ``train`` applies to :data:`TRAIN_TASKS` only.
-    """
-
-    id: str
-    task: str = "text-generation"
-    revision: str = DEFAULT_REVISION
-    dtype: str = DEFAULT_DTYPE
-    prompt: str | None = None
-    cores: int | None = None
-    trust_remote_code: bool = False
-    extra_packages: tuple[str, ...] = ()
-    exclude: Exclusion | None = None
-    tags: tuple[str, ...] = ()
-    source: str = "catalog"
-    line: int = 0
-    min_cosine: float | None = None
-    timeout: float | None = None
-    checks: tuple[str, ...] = DEFAULT_CHECKS
-
-    @property
-    def embedding(self) -> bool:
-        """An embedding task (judged by cosine similarity, no tokens generated)."""
-        return self.task in EMBEDDING_TASKS
 
 
 @dataclass(frozen=True)
@@ -289,14 +230,14 @@ def _parse_entry(node: yaml.Node, shown: str) -> ModelSpec:
     entry_id = raw.get("id", (None, line))[0]
     entry = entry_id if isinstance(entry_id, str) else None
     for key, (_, key_line) in raw.items():
-        if key not in _ENTRY_FIELDS:
+        if key not in ENTRY_FIELDS:
             raise CatalogError(
                 shown,
                 "unknown field",
                 line=key_line,
                 entry=entry,
                 field=key,
-                fix=f"allowed fields: {', '.join(_ENTRY_FIELDS)}",
+                fix=f"allowed fields: {', '.join(ENTRY_FIELDS)}",
             )
 
     def err(fieldname: str, message: str, value: object, fix: str) -> CatalogError:
@@ -331,7 +272,7 @@ def _parse_entry(node: yaml.Node, shown: str) -> ModelSpec:
     prompt = _opt_str(raw, "prompt", None, err)
     if prompt is not None and not prompt.strip():
         raise err("prompt", "prompt is empty", prompt, "write some text or drop the field")
-    if prompt is not None and task in EMBEDDING_TASKS:
+    if prompt is not None and not TASK_TABLE[task].takes_prompt:
         raise err(
             "prompt",
             f"a {task} entry takes no prompt: it embeds a fixed set of sentences",
@@ -387,33 +328,29 @@ def _parse_checks(raw: Mapping[str, tuple[Any, int]], task: str, err: Any) -> tu
             raise err("checks", "unknown check", check, f"use one of {allowed}")
     if len(set(value)) != len(value):
         raise err("checks", "lists a check twice", value, "list each check once")
-    if "train" in value and task not in TRAIN_TASKS:
-        raise err(
-            "checks",
-            f"the train check fine-tunes a causal LM: it applies to {', '.join(TRAIN_TASKS)} only, not {task}",
-            value,
-            "drop 'train' from this entry's checks",
-        )
+    for check in value:
+        kind = KINDS[check]
+        if not kind.applies_to(TASK_TABLE[task]):
+            applies = [name for name, row in TASK_TABLE.items() if kind.applies_to(row)]
+            raise err(
+                "checks",
+                f"the {check} check ({kind.summary}): it applies to {', '.join(applies)} only, not {task}",
+                value,
+                f"drop '{check}' from this entry's checks",
+            )
     # Kept in the table's order, so an entry's items are the same whatever order it lists them in.
     return tuple(check for check in CHECKS if check in value)
-
-
-def checks_of(model: ModelSpec, selected: Sequence[str] | None) -> tuple[str, ...]:
-    """The checks a run makes of ``model``: ``--check`` (``selected``) where given, limited to those
-    that apply to its task, else the entry's own ``checks``."""
-    if selected is None:
-        return model.checks
-    return tuple(c for c in CHECKS if c in selected and (c != "train" or model.task in TRAIN_TASKS))
 
 
 def _parse_min_cosine(raw: Mapping[str, tuple[Any, int]], task: str, err: Any) -> float | None:
     if "min_cosine" not in raw or raw["min_cosine"][0] is None:
         return None
     value = raw["min_cosine"][0]
-    if task not in EMBEDDING_TASKS:
+    if not TASK_TABLE[task].cosine:
+        cosine = [name for name, row in TASK_TABLE.items() if row.cosine]
         raise err(
             "min_cosine",
-            f"only embedding tasks ({', '.join(EMBEDDING_TASKS)}) are judged by cosine similarity",
+            f"only embedding tasks ({', '.join(cosine)}) are judged by cosine similarity",
             value,
             "drop the field, or set the task to one of those",
         )

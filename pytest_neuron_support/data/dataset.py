@@ -26,7 +26,6 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from pytest_neuron_support.base.names import item_name
 from pytest_neuron_support.base.storage import write_atomic
 from pytest_neuron_support.data.records import (
     COLUMN_DOCS,
@@ -38,7 +37,7 @@ from pytest_neuron_support.data.records import (
     arrow_schema,
 )
 from pytest_neuron_support.data.signatures import BUCKETS, MAX_MESSAGE, RULES, blockers
-from pytest_neuron_support.verdict.checks import (
+from pytest_neuron_support.verdict.training import (
     GRAD_NORM_RTOL,
     LOSS_ATOL,
     LOSS_RTOL,
@@ -58,12 +57,6 @@ def row_key(row: Row) -> tuple[str, str, str, str]:
     # A user's test of a model is a row of its own: it neither replaces nor is replaced by the catalog's;
     # so is each check of a model (its inference and its training row).
     return (row.model_id, row.device, row.test, row.check)
-
-
-def named_test(row: Row) -> str:
-    """The test that made a row, as the CLI names it: a user's test by its node id, a catalog item by
-    its item name (``test_model[<id>]``, ``test_training[<id>]``): what tells apart two rows of one model."""
-    return row.test or item_name(row.model_id, row.check)
 
 
 def stack_stem(row: Row) -> str:

@@ -5,7 +5,7 @@ follow the Hugging Face Hub's own ranking, tested or not. This module asks the H
 rankings through the real ``huggingface_hub`` client (``HfApi.list_models``) and keeps them as a
 JSON snapshot the viewer build reads::
 
-    rankings = fetch_all(limit=50)
+    rankings = fetch_all(RANKED_TASKS, limit=50)
     save_snapshot(Path("site/hub-rankings.json"), rankings)
     ...
     rankings = load_snapshot(Path("site/hub-rankings.json"))
@@ -49,15 +49,12 @@ from urllib.parse import urlsplit, urlunsplit
 
 from pytest_neuron_support.base.redaction import scrub
 from pytest_neuron_support.base.storage import write_atomic
-from pytest_neuron_support.tasks.table import RANKED_TASKS
 
 # Subsets of huggingface_hub's ModelSort_T and ExpandModelProperty_T, spelled out here so that
 # type-checking the calls does not need the client imported at module level.
 _Sort = Literal["trending_score", "downloads"]
 _Expand = Literal["downloads", "likes", "trendingScore", "pipeline_tag", "library_name", "gated", "createdAt"]
 
-#: The tasks whose rankings are fetched (the task table's ``ranked`` rows).
-TASKS = RANKED_TASKS
 # The viewer's names for the views -> the ``sort`` values HfApi.list_models accepts.
 SORTS: dict[str, _Sort] = {"trending": "trending_score", "downloads": "downloads"}
 
@@ -324,12 +321,14 @@ def fetch_ranking(
 
 
 def fetch_all(
+    tasks: Sequence[str],
     limit: int = 50,
     token: str | None = None,
     *,
     timeout_s: float = DEFAULT_TOTAL_TIMEOUT_S,
 ) -> list[HubRanking]:
-    """Every ranking the viewer shows: each task of :data:`TASKS` in each order of :data:`SORTS`.
+    """Every ranking the viewer shows: each of ``tasks`` (the task table's ``ranked`` rows) in each order of
+    :data:`SORTS`.
 
     Fetched one after another (the client shares one HTTP session across threads and resets it on
     connection errors, so parallel fetches against a failing Hub would disturb each other) under
@@ -341,7 +340,7 @@ def fetch_all(
     # Offline mode is the client's to report (each ranking says OfflineModeIsEnabled); a Hub that
     # cannot be reached at all is said once, at once, for every ranking.
     down = None if _offline() else unreachable()
-    for task in TASKS:
+    for task in tasks:
         for sort in SORTS:
             remaining = deadline - time.monotonic()
             if down is not None or remaining <= 0:

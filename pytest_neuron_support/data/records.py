@@ -15,7 +15,7 @@ from importlib import metadata
 from typing import Any
 
 from pytest_neuron_support.data.signatures import MAX_MESSAGE, signature
-from pytest_neuron_support.verdict.checks import GRAD_NORM_RTOL, LOSS_ATOL, LOSS_RTOL
+from pytest_neuron_support.verdict.training import GRAD_NORM_RTOL, LOSS_ATOL, LOSS_RTOL
 
 SCHEMA_VERSION = 8
 

@@ -42,6 +42,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
+from pytest_neuron_support.base.storage import slug
+
 #: Results a signature is made for: the ones that block a model.
 BLOCKING = ("ERROR", "FAIL", "TIMEOUT")
 
@@ -227,12 +229,6 @@ _KILLED = re.compile(r"killed by SIG[A-Z]+")
 _MODULE = re.compile(r"No module named '([\w.]+)'")
 
 
-def slug_of(model_id: str) -> str:
-    """The directory name a model's runs live under (``settings.slug``, repeated here so this
-    module depends on nothing)."""
-    return re.sub(r"[^A-Za-z0-9._-]+", "--", model_id.strip("/")) or "model"
-
-
 def head(error: str) -> str:
     """The part of an error that names its cause: the first line that is not boilerplate (a pytest
     traceback's first ``E`` line), continued by the next while it ends with ``:``."""
@@ -250,7 +246,7 @@ def head(error: str) -> str:
 def normalise(message: str, model_id: str = "", test: str = "", rules: Iterable[Rule] = RULES) -> str:
     """``message`` with the row's own names and then every rule's matches replaced."""
     for name, token in sorted(
-        ((test, "<test>"), (model_id, "<model>"), (slug_of(model_id) if model_id else "", "<model>")),
+        ((test, "<test>"), (model_id, "<model>"), (slug(model_id) if model_id else "", "<model>")),
         key=lambda pair: -len(pair[0]),
     ):
         if name:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from pytest_neuron_support.doctor.doctor import __doc__ as DOC
-from pytest_neuron_support.doctor.doctor import add_arguments, main
+from pytest_neuron_support.doctor.command import __doc__ as DOC
+from pytest_neuron_support.doctor.command import add_arguments, main
 
 parser = argparse.ArgumentParser(prog="python -m pytest_neuron_support.doctor", description=(DOC or "").splitlines()[0])
 add_arguments(parser)

@@ -35,16 +35,17 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from pytest_neuron_support.base.model import CORE_COUNTS, ModelSpec
 from pytest_neuron_support.base.storage import cache_home, write_atomic
-from pytest_neuron_support.catalog.load import ModelSpec
 from pytest_neuron_support.data import hub
-from pytest_neuron_support.run.devices import TRN2_LOGICAL_CORE_BYTES
+from pytest_neuron_support.devices.table import TRN2_LOGICAL_CORE_BYTES
 
 GIB = 1 << 30
 
-# Core counts a model may be sharded over. Powers of two because tensor parallelism splits heads
-# evenly and the Neuron runtime allocates contiguous core ranges of these sizes.
-CORE_CHOICES: tuple[int, ...] = (1, 2, 4, 8, 16)
+# Core counts a model may be sharded over (base.model.CORE_COUNTS, the catalog's `cores:` rule too). Powers
+# of two because tensor parallelism splits heads evenly and the Neuron runtime allocates contiguous core
+# ranges of these sizes.
+CORE_CHOICES: tuple[int, ...] = CORE_COUNTS
 DEFAULT_MAX_CORES = 16
 
 # Weights are not the only tenant of a core's HBM. generate() allocates a static KV cache, the
@@ -325,6 +326,22 @@ class Plan:
     per_core_bytes: int = 0
 
 
+def distributed_configs(plan: Plan) -> tuple[dict[str, Any], ...]:
+    """``DistributedConfig`` keyword sets run.py tries in order for a sharded plan.
+
+    Which of them loads differs between transformers versions (5.24 on gloo: experts-only
+    ``ep_size=n, tp_plan={}`` raises "Pass `tp_plan` in `DistributedConfig`" while
+    ``tp_size=n, ep_size=n`` and ``fsdp_size=n, ep_size=n`` work; tests/test_sharded.py keeps this
+    premise per release), so run.py detects it and the row records the one used.
+    """
+    if plan.tp_size > 1:
+        return ({"tp_size": plan.tp_size}, {"tp_size": plan.tp_size, "ep_size": plan.tp_size})
+    if plan.ep_size > 1:
+        n = plan.ep_size
+        return ({"ep_size": n, "tp_plan": {}}, {"tp_size": n, "ep_size": n}, {"fsdp_size": n, "ep_size": n})
+    return ()
+
+
 #: The training memory model: a fine-tuning step holds, per parameter, its weight, its gradient and
 #: AdamW's two moments (exp_avg, exp_avg_sq), each in the weights' dtype: torch.optim.AdamW makes its
 #: state with ``zeros_like(param)``, and Trainer with ``bf16=True`` over bf16 weights keeps no fp32
@@ -340,7 +357,7 @@ def training_bytes(parameters: int, dtype: str) -> int:
 
 
 #: Processes one item runs at the same time on the host CPU: its device run and, beside it, its CPU
-#: reference (pipeline.ReferenceRun). The CPU check and the judge run after the device run ends.
+#: reference (cpu.reference.ReferenceRun). The CPU check and the judge run after the device run ends.
 CONCURRENT_RUNS_PER_ITEM = 2
 
 

@@ -1,4 +1,4 @@
-"""Run a rendered run.py in a fresh process of its own, and say what happened to it.
+"""Run a rendered run.py in a fresh process of its own, and say what happened to it (:func:`failure_of`).
 
 Each run gets its own session (process group), so a timeout kills the script and anything
 it started (compiler workers, torch.distributed ranks): leaked children would keep device
@@ -206,3 +206,67 @@ def run_script(
         last_stage=last_stage(log_text),
         log_path=log_path,
     )
+
+
+# --- What a run that did not finish means for its row -------------------------------------------
+
+#: What the libraries say of a file that is neither in the cache nor may be downloaded
+#: (transformers' OSError, huggingface_hub's LocalEntryNotFoundError and OfflineModeIsEnabled).
+_NOT_CACHED = re.compile(
+    r"couldn't find them in the cached files|outgoing traffic has been disabled|offline mode is enabled"
+    r"|LocalEntryNotFoundError|OfflineModeIsEnabled",
+    re.IGNORECASE,
+)
+
+
+def offline_cause(reason: str) -> str:
+    """Why a run was offline, in one line: the session found the Hub unreachable (``reason``)."""
+    return f"the run was offline (HF_HUB_OFFLINE=1): the Hub was found unreachable at session start: {reason}"
+
+
+def offline_load_error(error: str, reason: str, checkpoint: str) -> str:
+    """The error of a load that failed in a run made offline because the session found the Hub
+    unreachable (``reason``): one short line when ``checkpoint`` is not in the local cache (the
+    library's advice to check the connection says nothing new), else the error and why it ran offline."""
+    if _NOT_CACHED.search(error):
+        kind = error.split(":", 1)[0]
+        return f"{kind}: {checkpoint} is not in the local cache, and {offline_cause(reason)}"
+    return f"{error}\n({offline_cause(reason)})"
+
+
+def failure_of(
+    outcome: ProcessOutcome, what: str, *, offline: str | None = None, checkpoint: str = "the checkpoint"
+) -> tuple[str, str, str]:
+    """(result, failure_stage, error) for a run.py that did not succeed.
+
+    ``offline``: why the session found the Hub unreachable (its runs were offline), None when it
+    did not; a load failure of ``checkpoint`` then says so (:func:`offline_load_error`).
+    """
+    result = outcome.result
+    if outcome.timed_out:
+        return "TIMEOUT", outcome.last_stage, f"{what} exceeded the timeout after {outcome.wall_s:.0f}s"
+    if result is not None and not result.get("ok"):
+        stage = str(result.get("stage") or outcome.last_stage)
+        error = f"{result.get('error_type')}: {result.get('error')}"
+        if result.get("error_type") == "RankDied":
+            # A rank that died wrote no result: its last words are only in the shared log.
+            error = f"{error}\n{outcome.log_tail(1500)}".rstrip()
+        if offline is not None and stage in ("start", "load"):
+            error = offline_load_error(error, offline, checkpoint)
+        return "ERROR", stage, error
+    if outcome.signal_name is not None:
+        hint = " (host out of memory?)" if outcome.signal_name == "SIGKILL" else ""
+        tail = outcome.log_tail(1500)
+        return "ERROR", outcome.last_stage, f"{what} killed by {outcome.signal_name}{hint}\n{tail}".rstrip()
+    tail = outcome.log_tail(1500)
+    return (
+        "ERROR",
+        outcome.last_stage,
+        f"{what} exited with status {outcome.returncode} without a result\n{tail}".rstrip(),
+    )
+
+
+def stage_name(stage: str, reference: bool) -> str:
+    if reference:
+        return "reference"
+    return stage if stage in ("load", "compile", "generate") else "load" if stage == "start" else stage

@@ -33,7 +33,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from pytest_neuron_support.run.devices import DeviceKind
+from pytest_neuron_support.devices.table import DeviceKind
 
 #: The public bucket of compiled graphs; one ``neuronxcc-<version>`` folder per compiler.
 DEFAULT_BUCKET = "hf://buckets/aws-neuron/torch-neuronx-neff-cache"

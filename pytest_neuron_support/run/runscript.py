@@ -11,16 +11,15 @@ import dataclasses
 import pprint
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_neuron_support import __version__
-from pytest_neuron_support.run.devices import DeviceKind
-from pytest_neuron_support.tasks.table import TASKS
-from pytest_neuron_support.verdict.checks import JUDGE_QUESTION, JUDGE_THRESHOLD, NO_WORDS, YES_WORDS
+from pytest_neuron_support.devices.table import DeviceKind
+from pytest_neuron_support.verdict.fluency import JUDGE_QUESTION, JUDGE_THRESHOLD, NO_WORDS, YES_WORDS
 
 if TYPE_CHECKING:
     from pytest_neuron_support.run.execution import ProcessOutcome
@@ -30,6 +29,9 @@ _SPEC_MARKER = "SPEC = {}  # @@SPEC@@"
 #: replaces, and, in common.py, the line after which that code starts.
 _COMMON_MARKER = "# @@COMMON@@"
 _COMMON_HOSTS = ("run.py", "train.py")
+#: Ends the line of run.py's import statement that its task's fragments replace, and, in each fragment,
+#: the line after which its code starts.
+_TASK_MARKER = "# @@TASK@@"
 #: (width, height) of the test card run.py draws for image-text-to-text runs (run.py's fixed_image).
 TEST_CARD_SIZE: tuple[int, int] = (224, 224)
 
@@ -61,6 +63,10 @@ class RunSpec:
             device's own prefix in one forward pass instead of generating; None otherwise.
         score_own_tokens: a generating run also scores its own tokens teacher-forced (CPU
             references: their pass is the CPU check of a device run that generated the same tokens).
+        auto_class: the task's Auto class of transformers run.py loads the model with.
+        inputs: how run.py feeds the model (the task's ``inputs``: ``text``, ``vision``, ``embedding``).
+        fragments: the task's run.py code, files of ``templates/tasks/`` spliced into run.py in this
+            order (not written into ``SPEC``: they are the script's code).
     """
 
     model: str
@@ -81,17 +87,18 @@ class RunSpec:
     image_size: tuple[int, int] = TEST_CARD_SIZE
     forced_tokens: tuple[int, ...] | None = None
     score_own_tokens: bool = False
+    # The default row of the task table (tasks.task.Task): a causal LM generating text.
+    auto_class: str = "AutoModelForCausalLM"
+    inputs: str = "text"
+    fragments: tuple[str, ...] = ("text.py", "generation.py")
 
     def to_spec(self) -> dict[str, Any]:
-        spec = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        spec = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "fragments"}
         spec["device"] = self.device.as_runscript_spec()
         spec["distributed_configs"] = [dict(c) for c in self.distributed_configs]
         spec["sentences"] = list(self.sentences)
         spec["image_size"] = list(self.image_size)
         spec["forced_tokens"] = None if self.forced_tokens is None else list(self.forced_tokens)
-        # The task's row of the one task table: run.py is standalone and cannot import it.
-        task = TASKS[self.task]
-        spec["auto_class"], spec["inputs"] = task.auto_class, task.inputs
         return spec
 
 
@@ -165,22 +172,33 @@ class JudgeSpec:
     no_words: tuple[str, ...] = NO_WORDS
 
 
-def template(name: str = "run.py") -> str:
-    """A file of the package's ``templates/`` folder (run.py, judge.py, the viewer's page); run.py and
-    train.py come with their shared code (common.py) already spliced in, so their text runs as is."""
+def template(name: str = "run.py", fragments: Sequence[str] = ()) -> str:
+    """A file of the package's ``templates/`` folder (run.py, judge.py, a task's fragment, the viewer's
+    page); run.py and train.py come with their shared code (common.py) already spliced in, and run.py
+    with its task's ``fragments`` (files of ``templates/tasks/``), so their text runs as is."""
     source = resources.files("pytest_neuron_support").joinpath(f"templates/{name}").read_text(encoding="utf-8")
-    return _with_common(source) if name in _COMMON_HOSTS else source
+    if name in _COMMON_HOSTS:
+        source = _splice(source, _COMMON_MARKER, _shared("common.py", _COMMON_MARKER))
+    if name == "run.py":
+        code = "".join(f"\n\n\n{_shared(f'tasks/{fragment}', _TASK_MARKER)}" for fragment in fragments)
+        source = _splice(source, _TASK_MARKER, code[1:])
+    return source
 
 
-def _with_common(source: str) -> str:
+def _shared(name: str, marker: str) -> str:
+    """What a shared template contributes: everything after its marker line (above it, the imports
+    that tell ruff where the names it uses come from)."""
+    return template(name).split(f"{marker}\n", 1)[1].strip("\n")
+
+
+def _splice(source: str, marker: str, shared: str) -> str:
     # Spliced, not imported: the rendered script must run with nothing of this package installed.
     # The host's marker ends the first line of a whole import statement (it tells ruff where the
     # names come from), which may go on over more lines, up to the one closing its parenthesis.
-    shared = template("common.py").split(f"{_COMMON_MARKER}\n", 1)[1].strip("\n")
     lines = source.split("\n")
-    marked = [i for i, line in enumerate(lines) if line.endswith(_COMMON_MARKER)]
+    marked = [i for i, line in enumerate(lines) if line.endswith(marker)]
     if len(marked) != 1:
-        raise ValueError(f"a template sharing common.py needs exactly one {_COMMON_MARKER} line, found {len(marked)}")
+        raise ValueError(f"a template sharing code needs exactly one {marker} line, found {len(marked)}")
     first = last = marked[0]
     if lines[first].split("#", 1)[0].rstrip().endswith("("):
         last = lines.index(")", first)
@@ -197,7 +215,7 @@ def _fill(source: str, spec: dict[str, Any]) -> str:
 def render(spec: RunSpec) -> str:
     """The run.py source for ``spec``."""
     source = (
-        template()
+        template("run.py", spec.fragments)
         .replace("@@MODEL@@", spec.model)
         .replace("@@DEVICE@@", spec.device.name)
         .replace("@@VERSION@@", __version__)

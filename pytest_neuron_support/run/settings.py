@@ -1,77 +1,108 @@
 """The session's settings (one frozen object, fixed at configure time) and what follows from them
-alone: the core pool, a model's run folder name, its prompt and cosine threshold, the settings hash
---resume compares, and the host's doctor self-check.
+alone: the core pool, a model's run folder name, its timeout, and the host's doctor self-check.
 """
 
 from __future__ import annotations
 
-import hashlib
+import dataclasses
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from pytest_neuron_support.catalog.load import DEFAULT_PROMPT, ModelSpec
+from pytest_neuron_support.base.model import ModelSpec
+from pytest_neuron_support.base.storage import slug
 from pytest_neuron_support.data.records import Stack
-from pytest_neuron_support.planning.planner import DEFAULT_HEADROOM, DEFAULT_MAX_CORES
+from pytest_neuron_support.devices.table import DeviceKind
+from pytest_neuron_support.planning.planner import DEFAULT_HEADROOM, DEFAULT_MAX_CORES, GIB
 from pytest_neuron_support.run.cores import CorePool, neuron_owners
-from pytest_neuron_support.run.devices import DeviceKind
-from pytest_neuron_support.run.runscript import TEST_CARD_SIZE
-from pytest_neuron_support.verdict.checks import (
-    DEFAULT_JUDGE,
-    DEFAULT_MIN_COSINE,
-    EMBEDDING_SENTENCES,
-    TRAIN_BATCH,
-    TRAIN_LEARNING_RATE,
-    TRAIN_MAX_LENGTH,
-    TRAIN_STEPS,
-    TRAIN_TEXTS,
-)
+from pytest_neuron_support.verdict.fluency import DEFAULT_JUDGE
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """What the controller finds out once and hands to every xdist worker (``workerinput``): the facts the
+    settings are made of besides the options (``session.resolve.settings_for``).
+
+    Attributes:
+        device: the device kind runs use (``--device``, ``auto`` resolved).
+        cores: the host cores this session may lease (its slice, host numbering).
+        neuron_cores: most cores it holds at once (``--neuron-cores``, default the whole slice).
+        core_bytes: memory of one core the planner fills (the device's figure, or ``--core-memory-gib``).
+        neuronx_cc: the device compiler's version (its own ``__version__``), ``none`` off Trainium.
+        session: this session's id in the host-wide core ledger.
+        self_check: the host's doctor self-check of this device found in the results folder, or None.
+        hub_unreachable: why the Hub was found unreachable when the controller planned (set by
+            ``session.items.plan_models``), None when it answered; the workers' settings carry it, so
+            their runs are offline too.
+        cpu_threads: the intra-op CPU threads of every process run for a model
+            (``session.resolve.resolve_cpu_threads``), None to leave the environment's OMP_NUM_THREADS.
+    """
+
+    device: str
+    cores: tuple[int, ...]
+    neuron_cores: int
+    core_bytes: int
+    neuronx_cc: str
+    session: str
+    self_check: str | None = None
+    hub_unreachable: str | None = None
+    cpu_threads: int | None = None
+
+    def to_workerinput(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "cores": list(self.cores)}
+
+    @classmethod
+    def from_workerinput(cls, data: dict[str, Any]) -> Resolved:
+        return cls(**{**data, "cores": tuple(data["cores"])})
 
 
 @dataclass(frozen=True)
 class Settings:
-    """Session-wide choices, fixed at configure time.
+    """Session-wide choices, fixed at configure time. A field named like a command-line option holds
+    that option's value as the session uses it (``session.resolve.settings_for`` copies every field by
+    name from the options and the :class:`Resolved` facts): one name from the command line to the row.
 
     Attributes:
-        device: the device kind runs use.
-        pool_cores: most cores this session holds at once (``--neuron-cores``).
-        pool_slice: the host cores it may lease (its slice, in the host's numbering).
+        device: the device kind runs use (``--device``).
+        neuron_cores: most cores this session holds at once (``--neuron-cores``).
+        cores: the host cores it may lease (its slice, in the host's numbering).
         session: its id in the host-wide core ledger.
-        max_new_tokens: greedy tokens per run.
-        prompt: default prompt (catalog entries may set their own).
+        max_new_tokens: greedy tokens per run (``--max-new-tokens``).
+        prompt: default prompt (``--prompt``; catalog entries may set their own).
         model_timeout: seconds each run.py process may take before its group is killed.
         results_dir: dataset root (Parquet under ``data/``, run artifacts under ``runs/``).
         compile_backend: torch.compile backend for device runs (the device's by default).
         reference_dtype: dtype of the CPU reference, None = the device run's dtype.
-        allow_remote_code: the user opted in to Hub repository code (--allow-remote-code).
+        allow_remote_code: the user opted in to Hub repository code (``--allow-remote-code``).
         stack: versions of the installed stack.
-        core_bytes: memory of one core the planner fills (device-reported or --core-memory-gib).
-        headroom: fraction of each core kept free of weights (--memory-headroom).
-        max_cores: most cores one model may use (--max-cores).
-        lease_dir: directory of the host-wide core ledger (every session on the host shares it).
+        core_bytes: memory of one core the planner fills (device-reported or ``--core-memory-gib``).
+        memory_headroom: fraction of each core kept free of weights (``--memory-headroom``).
+        max_cores: most cores one model may use (``--max-cores``).
+        core_ledger: directory of the host-wide core ledger (every session on the host shares it).
         judge_model: Hub id (or local path) of the model that judges sharded runs' fluency.
         judge_revision: its revision.
         parity: ``exact`` (every token equal) or ``near-tie`` (a near-tie first divergence passes).
         reference_cache: directory of cached CPU reference results, None to always rerun them.
-        compile_cache: directory for the device's compile cache (NEFF cache on neuron, inductor's
-            FX graph cache elsewhere), None to leave the environment's choice.
-        host_memory_limit: address-space cap (bytes) of every run.py process, None for none.
-        cpu_check_memory: host memory (bytes) the teacher-forced CPU check of a sharded run may
-            take, None for what the host has available when it starts (--cpu-check-memory-gib).
+        neff_cache: the base directory of the device's compile cache (``--neff-cache``; on neuron one
+            folder per compiler version below it, and a default where none is given; inductor's FX
+            graph cache elsewhere), None to leave the environment's choice.
+        host_memory_gib: address-space cap of every run.py process (``--host-memory-gib``), None for none.
+        cpu_check_memory_gib: host memory the teacher-forced CPU check of a sharded run may take
+            (``--cpu-check-memory-gib``), None for what the host has available when it starts.
         self_check: the host's doctor self-check for this device (``results_dir/doctor.json``), as
             every row records it; None when none was run.
         hub_unreachable: why the session found the Hub unreachable before planning (``hub.unreachable``,
             e.g. ``http://host:port is unreachable (Connection refused)``), None when it answered or was
             not asked (``HF_HUB_OFFLINE=1`` set by the user is not this: the runs inherit it anyway).
             When set, every process the session starts for a model runs with ``HF_HUB_OFFLINE=1``
-            (``pipeline.session_env``) and a load failure says why in one line.
+            (``run.context.session_env``) and a load failure says why in one line.
         cpu_threads: OMP_NUM_THREADS of every process the session runs for a model (``--cpu-threads``,
-            ``controller.resolve_cpu_threads``), None to leave the environment's as it is.
+            ``session.resolve.resolve_cpu_threads``), None to leave the environment's as it is.
     """
 
     device: DeviceKind
-    pool_cores: int
+    neuron_cores: int
     max_new_tokens: int
     prompt: str
     model_timeout: float
@@ -81,40 +112,45 @@ class Settings:
     allow_remote_code: bool
     stack: Stack
     core_bytes: int = 24 << 30
-    headroom: float = DEFAULT_HEADROOM
+    memory_headroom: float = DEFAULT_HEADROOM
     max_cores: int = DEFAULT_MAX_CORES
-    lease_dir: Path | None = None
+    core_ledger: Path | None = None
     judge_model: str = DEFAULT_JUDGE
     judge_revision: str = "main"
     parity: str = "exact"
     reference_cache: Path | None = None
-    compile_cache: Path | None = None
-    host_memory_limit: int | None = None
-    cpu_check_memory: int | None = None
-    pool_slice: tuple[int, ...] = ()
+    neff_cache: Path | None = None
+    host_memory_gib: float | None = None
+    cpu_check_memory_gib: float | None = None
+    cores: tuple[int, ...] = ()
     session: str = ""
     self_check: str | None = None
     hub_unreachable: str | None = None
     cpu_threads: int | None = None
 
+    @property
+    def host_memory_limit(self) -> int | None:
+        """``--host-memory-gib`` in bytes: every run.py's address-space cap."""
+        return None if self.host_memory_gib is None else int(self.host_memory_gib * GIB)
+
+    @property
+    def cpu_check_memory(self) -> int | None:
+        """``--cpu-check-memory-gib`` in bytes."""
+        return None if self.cpu_check_memory_gib is None else int(self.cpu_check_memory_gib * GIB)
+
 
 def core_pool(settings: Settings) -> CorePool:
     """The session's view of the host-wide core ledger: its slice, its cap, the device's owners."""
-    assert settings.lease_dir is not None
+    assert settings.core_ledger is not None
     command = settings.device.owners_command
     return CorePool(
-        settings.lease_dir,
-        settings.pool_slice or settings.pool_cores,
-        limit=settings.pool_cores,
+        settings.core_ledger,
+        settings.cores or settings.neuron_cores,
+        limit=settings.neuron_cores,
         session=settings.session or None,
         device=settings.device.name,
         owners=None if command is None else neuron_owners(command),
     )
-
-
-def slug(model_id: str) -> str:
-    """A directory name for a model id or local path."""
-    return re.sub(r"[^A-Za-z0-9._-]+", "--", model_id.strip("/")) or "model"
 
 
 def run_dir(results_dir: Path, device: str, model_id: str) -> Path:
@@ -123,64 +159,10 @@ def run_dir(results_dir: Path, device: str, model_id: str) -> Path:
     return results_dir / "runs" / slug(model_id) / device
 
 
-#: The text turn after the image of an image-text-to-text entry that sets no prompt, while the
-#: session's --prompt is the default (a text continuation prompt says nothing about an image).
-IMAGE_PROMPT = "Describe this image."
-
-
-#: (width, height) of the test card run.py draws for image-text-to-text runs.
-IMAGE_SIZE: tuple[int, int] = TEST_CARD_SIZE
-
-
-def prompt_of(model: ModelSpec, settings: Settings) -> str | None:
-    """The prompt a model's runs use; None for embedding tasks, which embed fixed sentences."""
-    if model.embedding:
-        return None
-    if model.prompt:
-        return model.prompt
-    if model.task == "image-text-to-text" and settings.prompt == DEFAULT_PROMPT:
-        return IMAGE_PROMPT
-    return settings.prompt
-
-
-def min_cosine_of(model: ModelSpec) -> float:
-    """The cosine threshold of an embedding task: the entry's ``min_cosine``, else the default."""
-    return DEFAULT_MIN_COSINE if model.min_cosine is None else model.min_cosine
-
-
 def timeout_of(model: ModelSpec, settings: Settings) -> float:
     """Seconds each of ``model``'s run.py processes may take: the entry's ``timeout``, else
     ``--model-timeout``."""
     return settings.model_timeout if model.timeout is None else model.timeout
-
-
-def settings_hash(model: ModelSpec, settings: Settings, check: str = "inference") -> str:
-    """What makes two rows of one model on one stack comparable: a rerun with the same hash
-    would repeat the same check (``--resume`` skips it)."""
-    parts = [
-        model.id,
-        model.revision,
-        model.task,
-        model.dtype,
-        str(prompt_of(model, settings)),
-        str(model.cores),
-        str(settings.max_new_tokens),
-        settings.device.name,
-        settings.compile_backend,
-        str(settings.reference_dtype),
-        settings.parity,
-        settings.judge_model,
-        settings.judge_revision,
-        str(settings.core_bytes),
-        str(settings.headroom),
-        str(settings.max_cores),
-    ]
-    if model.embedding:
-        parts += [repr(min_cosine_of(model)), *EMBEDDING_SENTENCES]
-    if check != "inference":
-        # The training check's own settings (its rows never stand for an inference row, nor back).
-        parts += [check, *map(repr, (TRAIN_STEPS, TRAIN_BATCH, TRAIN_MAX_LENGTH, TRAIN_LEARNING_RATE)), *TRAIN_TEXTS]
-    return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:16]
 
 
 def read_self_check(results_dir: Path, device: str) -> str | None:

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
-    from pytest_neuron_support.catalog.load import ModelSpec
+    from pytest_neuron_support.base.model import ModelSpec
 
 
 @pytest.hookspec(firstresult=True)

@@ -1,11 +1,14 @@
-"""The catalog as pytest items: :class:`CatalogFile` collects :mod:`.suite` (one test parametrized
-over the catalog) from the catalog file, plans the models that survive selection (unless the xdist
-controller already did), orders them by cost and splits them by ``--shard``.
+"""The catalog as pytest items: :class:`CatalogFile` collects :mod:`.suite` (one test per check kind,
+parametrized over the catalog) from the catalog file; :func:`plan_models` plans the models that survive
+selection, once (on the xdist controller, or once selection is done); :func:`order_items` orders them
+by cost and splits them by ``--shard``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
@@ -13,34 +16,29 @@ from typing import Any
 
 import pytest
 
-from pytest_neuron_support.catalog.load import ModelSpec
-from pytest_neuron_support.checks.pipeline import prior_seconds
+from pytest_neuron_support.base.model import ModelSpec
+from pytest_neuron_support.checks.plan import plan_checks, prior_seconds
+from pytest_neuron_support.checks.registry import KINDS, check_of, checks_of, item_name, model_id_of
 from pytest_neuron_support.checks.rows import gate
+from pytest_neuron_support.data import hub
 from pytest_neuron_support.data.dataset import expected_seconds_from_dataset
 from pytest_neuron_support.planning.planner import Plan, describe_plan
 from pytest_neuron_support.session import suite
-from pytest_neuron_support.session.controller import (
-    PROGRESS_PLUGIN,
+from pytest_neuron_support.session.keys import (
     catalog_key,
-    plan_models,
+    check_key,
+    cost_key,
+    history_key,
+    model_key,
+    options_key,
+    plan_key,
     plans_key,
+    resolved_key,
     settings_key,
     virtual_catalog_key,
 )
-from pytest_neuron_support.session.options import options_key
-from pytest_neuron_support.session.progress import Planned
+from pytest_neuron_support.session.progress import PROGRESS_PLUGIN, Planned
 from pytest_neuron_support.session.sharding import assign
-
-#: The catalog entry a catalog item checks (set at collection; absent on a user's own test).
-model_key = pytest.StashKey[ModelSpec]()
-#: The check it makes (``inference``: test_model, ``train``: test_training).
-check_key = pytest.StashKey[str]()
-#: Its plan: from the controller (xdist), or made once the session's selection is known.
-plan_key = pytest.StashKey[Plan]()
-#: cores x expected seconds: the item's place in the sweep and in the core ledger's queue.
-cost_key = pytest.StashKey[float]()
-#: model id -> seconds of its last run in the dataset.
-history_key = pytest.StashKey[Mapping[str, float]]()
 
 
 def collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
@@ -72,7 +70,7 @@ def progress_plan(config: pytest.Config, items: Sequence[tuple[str, Plan | None]
     history = _history(config)
     planned = {}
     for nodeid, plan in items:
-        model_id = suite.model_id_of(nodeid) or nodeid
+        model_id = model_id_of(nodeid) or nodeid
         runs = plan is not None and plan.skip is None and plan.error is None
         cores, expected = (
             (plan.cores, expected_seconds(history, model_id, plan)) if plan is not None and runs else (0, 0.0)
@@ -98,7 +96,7 @@ def report_plans(config: pytest.Config, items: Sequence[pytest.Item]) -> list[st
     models = catalog_items(items)
     if settings is None or not models or not config.option.collectonly or config.get_verbosity() < 1:
         return []
-    lines = [f"neuron-support plans ({settings.device.name}, pool of {settings.pool_cores} core(s)):"]
+    lines = [f"neuron-support plans ({settings.device.name}, pool of {settings.neuron_cores} core(s)):"]
     for item in models:
         plan = item.stash.get(plan_key, None)
         if plan is None:
@@ -107,10 +105,11 @@ def report_plans(config: pytest.Config, items: Sequence[pytest.Item]) -> list[st
             lines.append(f"  {item.nodeid}: not planned: {why}")
             continue
         text = describe_plan(plan)
-        if plan.skip is None and plan.error is None and plan.cores > settings.pool_cores:
+        if plan.skip is None and plan.error is None and plan.cores > settings.neuron_cores:
             # rows.planned_row skips it when it runs: said here too, with the option that changes it.
             text += (
-                f"; SKIPPED here: the pool has {settings.pool_cores} core(s); pass --neuron-cores={plan.cores} or more"
+                f"; SKIPPED here: the pool has {settings.neuron_cores} core(s); "
+                f"pass --neuron-cores={plan.cores} or more"
             )
         lines.append(f"  {item.nodeid}: {text}")
     return lines
@@ -158,7 +157,7 @@ def order_items(config: pytest.Config, items: list[pytest.Item]) -> None:
         unique = {item.stash[model_key].id: item.stash[model_key] for item in models}
         plans = plan_models(config, list(unique.values()))
     for item in models:
-        plan = plans.get(suite.item_name(item.stash[model_key].id, item.stash[check_key]))
+        plan = plans.get(item_name(item.stash[model_key].id, item.stash[check_key]))
         if plan is not None:
             item.stash[plan_key] = plan
     history = _history(config)
@@ -194,7 +193,7 @@ class CatalogFile(pytest.Module):
 
     def istestfunction(self, obj: object, name: str) -> bool:
         # Whatever the user's python_functions says, the suite is exactly its tests (one per check).
-        return name in suite.TEST_NAMES.values() and callable(obj)
+        return name in {kind.test for kind in KINDS.values()} and callable(obj)
 
     def istestclass(self, obj: object, name: str) -> bool:
         return False
@@ -209,7 +208,7 @@ class CatalogFile(pytest.Module):
                 continue  # a check no entry asks for: pytest's "empty parameter set" item, dropped
             if isinstance(node, pytest.Item):
                 node.stash[model_key] = spec
-                node.stash[check_key] = suite.check_of(node.nodeid) or "inference"
+                node.stash[check_key] = check_of(node.nodeid) or "inference"
                 node.extra_keyword_matches.update(spec.tags)
             collected.append(node)
         return collected
@@ -220,3 +219,89 @@ def _param(node: Any) -> ModelSpec | None:
     callspec = getattr(node, "callspec", None)
     spec = None if callspec is None else callspec.params.get("neuron_model")
     return spec if isinstance(spec, ModelSpec) else None
+
+
+def plan_models(config: pytest.Config, models: Iterable[ModelSpec]) -> dict[str, Plan]:
+    """The plans of these models' items, by item name (``test_model[<id>]``, ``test_training[<id>]``:
+    one per check the run makes of it; models that must not run have none), asking the Hub at most
+    once per model; once it proved unreachable, the rest are planned from the local cache only, so a
+    sweep never waits through the client's retries model after model.
+
+    A Hub found unreachable up front (not the user's own ``HF_HUB_OFFLINE=1``) is also recorded in the
+    session's settings (:func:`record_hub_unreachable`): every run the session starts is then offline."""
+    settings = config.stash[settings_key]
+    plans: dict[str, Plan] = {}
+    models = [model for model in models if gate(model, settings) is None]
+    # Asked once, up front: without network the whole plan comes from the local cache in seconds.
+    down = hub.unreachable() if models else None
+    local_only = down is not None
+    if down is not None and down != "HF_HUB_OFFLINE=1":
+        sys.stderr.write(
+            f"neuron-support: the Hub is not reachable: {down}; planning {len(models)} model(s) from the local "
+            "cache only (a model not in it is an ERROR at stage plan), and running them offline "
+            "(HF_HUB_OFFLINE=1)\n"
+        )
+        record_hub_unreachable(config, down)
+    selected = config.stash[options_key].checks
+    for model in models:
+        checks = checks_of(model, selected)
+        found, unreachable = plan_checks(model, settings, checks, local_only=local_only, hub_down=down)
+        for check, plan in found.items():
+            if plan.error is not None and down is not None and down not in plan.error:
+                # Its row says why the Hub was not asked, not only what the local cache lacked.
+                plan = dataclasses.replace(plan, error=f"{plan.error}; the Hub was not asked: {down}")
+            plans[item_name(model.id, check)] = plan
+        local_only = local_only or unreachable
+    return plans
+
+
+def record_hub_unreachable(config: pytest.Config, reason: str) -> None:
+    """The session found the Hub unreachable (``reason``, one line): its settings say so, and so does the
+    :class:`Resolved` handed to xdist workers (``workerinput``), whose settings are made from it. Every
+    process started for a model then runs with ``HF_HUB_OFFLINE=1`` (``run.context.session_env``): a
+    checkpoint not in the cache fails at once instead of through the client's connection retries."""
+    config.stash[settings_key] = dataclasses.replace(config.stash[settings_key], hub_unreachable=reason)
+    resolved = config.stash.get(resolved_key, None)
+    if resolved is not None:
+        config.stash[resolved_key] = dataclasses.replace(resolved, hub_unreachable=reason)
+
+
+def selected_models(config: pytest.Config, models: Iterable[ModelSpec]) -> list[ModelSpec]:
+    """The catalog models whose items ``-k`` and ``-m`` keep, decided on the xdist controller (which
+    collects nothing) with the names pytest matches on each item: the item's name
+    (``test_model[<id>]``), its file and folders, its entry's tags; the suite's items carry no marks.
+
+    pytest's expression language is not public API: if it moves, every model is kept (planned),
+    which costs Hub requests, never a wrong selection (the workers still select themselves)."""
+    try:
+        from _pytest.mark.expression import Expression
+    except ImportError:  # pragma: no cover - depends on the pytest release
+        return list(models)
+    keyword = (config.option.keyword or "").strip()
+    markexpr = (config.option.markexpr or "").strip()
+    if not keyword and not markexpr:
+        return list(models)
+    try:
+        keyword_expr = Expression.compile(keyword) if keyword else None
+        mark_expr = Expression.compile(markexpr) if markexpr else None
+    except Exception:  # a malformed expression: pytest's own selection says so on every worker
+        return list(models)
+    path = config.stash[options_key].models_file
+    selected = config.stash[options_key].checks
+    try:
+        parts = path.relative_to(config.rootpath).parts
+    except ValueError:
+        parts = (path.name,)
+    kept = []
+    for model in models:
+        names = {*parts, *(item_name(model.id, c) for c in checks_of(model, selected)), *model.tags}
+
+        def matches(subname: str, /, **kwargs: object) -> bool:
+            return any(subname.lower() in name.lower() for name in names)  # noqa: B023 (used at once)
+
+        if keyword_expr is not None and not keyword_expr.evaluate(matches):
+            continue
+        if mark_expr is not None and not mark_expr.evaluate(lambda name, /, **kwargs: False):
+            continue
+        kept.append(model)
+    return kept

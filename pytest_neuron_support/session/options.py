@@ -8,22 +8,27 @@ and only plain values travel. Paths, the shard and ``--model`` entries are built
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from pytest_neuron_support.base.model import DEFAULT_PROMPT, DTYPES, ModelSpec
 from pytest_neuron_support.base.storage import cache_home
-from pytest_neuron_support.catalog.load import CHECKS, DEFAULT_PROMPT, DTYPES, CatalogError, ModelSpec, cli_model
+from pytest_neuron_support.catalog.load import CatalogError, cli_model
+from pytest_neuron_support.checks.registry import CHECKS
+from pytest_neuron_support.devices.table import AUTO_ORDER
 from pytest_neuron_support.planning.planner import CORE_CHOICES, DEFAULT_HEADROOM, DEFAULT_MAX_CORES
 from pytest_neuron_support.run.cores import default_ledger_dir
-from pytest_neuron_support.run.devices import AUTO_ORDER
 from pytest_neuron_support.session.sharding import Shard, ShardError, parse_shard, shard_from_env
-from pytest_neuron_support.verdict.checks import DEFAULT_JUDGE, PARITY_MODES
+from pytest_neuron_support.verdict.fluency import DEFAULT_JUDGE
+from pytest_neuron_support.verdict.tokens import PARITY_MODES
 
 DEFAULT_CACHE_HOME = cache_home()
 
@@ -64,7 +69,6 @@ class Options:
     checks: tuple[str, ...] | None = None
 
 
-options_key = pytest.StashKey[Options]()
 #: The plugin's options that take a value (filled by :func:`add_options`).
 VALUE_OPTIONS: set[str] = set()
 
@@ -415,7 +419,12 @@ def check_rootdir(config: pytest.Config) -> None:
 
 
 def parse_options(config: pytest.Config) -> Options:
-    """Validate every option without touching the device; raise UsageError with the fix."""
+    """Validate every option without touching the device; raise UsageError with the fix.
+
+    Every field of :class:`Options` takes the option of its own name (its ``dest``): a new option is
+    its declaration in :func:`add_options` and a field here, and reaches the settings and the rows by
+    that same name. Only the values below are built from what argparse returned (paths, the shard,
+    the ``--model`` entries: xdist ships ``config.option`` to its workers, which holds plain values)."""
     check_rootdir(config)
     get = config.getoption
     explicit = get("models_file") is not None
@@ -424,36 +433,18 @@ def parse_options(config: pytest.Config) -> Options:
         extra = tuple(cli_model(arg) for arg in get("model"))
     except CatalogError as exc:
         raise pytest.UsageError(str(exc)) from None
-    return Options(
-        models_file=models_file.resolve(),
-        models_file_explicit=explicit,
-        extra_models=extra,
-        device=get("device"),
-        neuron_cores=get("neuron_cores"),
-        max_new_tokens=get("max_new_tokens"),
-        prompt=get("prompt"),
-        model_timeout=get("model_timeout"),
-        results_dir=Path(get("results_dir")).resolve(),
-        compile_backend=get("compile_backend"),
-        reference_dtype=get("reference_dtype"),
-        allow_remote_code=get("allow_remote_code"),
-        judge_model=get("judge_model"),
-        judge_revision=get("judge_revision"),
-        parity=get("parity"),
-        core_memory_gib=get("core_memory_gib"),
-        memory_headroom=get("memory_headroom"),
-        max_cores=get("max_cores"),
-        shard=_shard(get("shard")),
-        resume=get("resume"),
-        neff_cache=None if get("neff_cache") is None else Path(get("neff_cache")).resolve(),
-        reference_cache=None if get("reference_cache") == "none" else Path(get("reference_cache")).expanduser(),
-        host_memory_gib=get("host_memory_gib"),
-        cpu_check_memory_gib=get("cpu_check_memory_gib"),
-        core_ledger=Path(get("core_ledger")).resolve() if get("core_ledger") else default_ledger_dir(),
-        progress_interval=get("progress_interval"),
-        cpu_threads=get("cpu_threads"),
-        checks=_checks(get("neuron_checks")),
-    )
+    built: dict[str, Any] = {
+        "models_file": models_file.resolve(),
+        "models_file_explicit": explicit,
+        "extra_models": extra,
+        "results_dir": Path(get("results_dir")).resolve(),
+        "shard": _shard(get("shard")),
+        "neff_cache": None if get("neff_cache") is None else Path(get("neff_cache")).resolve(),
+        "reference_cache": None if get("reference_cache") == "none" else Path(get("reference_cache")).expanduser(),
+        "core_ledger": Path(get("core_ledger")).resolve() if get("core_ledger") else default_ledger_dir(),
+        "checks": _checks(get("neuron_checks")),
+    }
+    return Options(**{f.name: built[f.name] if f.name in built else get(f.name) for f in dataclasses.fields(Options)})
 
 
 def _checks(groups: list[tuple[str, ...]] | None) -> tuple[str, ...] | None:

@@ -26,13 +26,15 @@ from typing import Any
 
 import pytest
 
-from pytest_neuron_support.base.names import check_of
 from pytest_neuron_support.base.storage import write_atomic
+from pytest_neuron_support.checks.registry import check_of
 from pytest_neuron_support.run.execution import last_stage
 from pytest_neuron_support.run.settings import run_dir
 from pytest_neuron_support.session.reporting import row_from_report
 
 STATUS_FILE = "status.json"
+#: The plugin name of the progress lines (controller only).
+PROGRESS_PLUGIN = "neuron-support-progress"
 
 
 @dataclass(frozen=True)

@@ -17,16 +17,20 @@ from typing import Any
 
 import pytest
 
-from pytest_neuron_support.base.names import check_of, model_id_of
-from pytest_neuron_support.base.storage import write_atomic
-from pytest_neuron_support.catalog.load import ModelSpec
-from pytest_neuron_support.checks.rows import base_row, training_row
+from pytest_neuron_support.base.model import ModelSpec
+from pytest_neuron_support.base.storage import slug, write_atomic
+from pytest_neuron_support.checks.registry import KINDS, check_of, model_id_of
+from pytest_neuron_support.checks.rows import base_row
 from pytest_neuron_support.data.dataset import PartWriter, dump_rows, write_rows
 from pytest_neuron_support.data.records import Row
-from pytest_neuron_support.run.settings import Settings, slug
+from pytest_neuron_support.run.settings import Settings
+from pytest_neuron_support.session.evidence import catalog_row, evidence_of, user_row, uses_fixtures
+from pytest_neuron_support.session.keys import model_key
+from pytest_neuron_support.session.resolve import session_settings
 
 ROW_PROPERTY = "neuron_support_row"
-writer_key = pytest.StashKey["ResultsWriter"]()
+#: The plugin name of the controller's results writer (a sweep's, or :class:`LazyResults`'s).
+RESULTS_PLUGIN = "neuron-support-results-writer"
 #: The file a user's test that uses the neuron fixtures leaves as it starts, so the controller can
 #: write its row if its worker dies mid-test (the test's own row never reaches the controller).
 STARTED = "started.json"
@@ -105,11 +109,9 @@ class ResultsWriter:
             # A user's test that started a neuron fixture left a marker; a plain test has no row.
             row = crashed_test_row(self.settings, crashitem, report.longrepr, self.started)
         else:
-            row = base_row(model, self.settings)
-            if check_of(crashitem) == "train":
-                row = training_row(row, model, self.settings)
+            kind = KINDS[check_of(crashitem) or "inference"]
             row = replace(
-                row,
+                kind.planned(base_row(model, self.settings), model, self.settings),
                 failure_stage="harness",
                 verdict_basis="run",
                 error=f"the pytest worker died while checking this model: {report.longrepr}",
@@ -189,3 +191,56 @@ class ResultsWriter:
                     tr.write_line(row.to_json())
         data = self.settings.results_dir / "data"
         tr.write_line(f"Read it back: pandas.read_parquet({json.dumps(str(data))})")
+
+
+class LazyResults:
+    """Controller of a session without a catalog: the results writer, made when the first row arrives
+    (so a session whose tests use no neuron fixture writes nothing and resolves no device)."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.writer: ResultsWriter | None = None
+        self.started = time.time()
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if self.writer is None:
+            if row_from_report(report) is None:
+                return
+            self.writer = ResultsWriter(session_settings(self.config), ())
+        self.writer.pytest_runtest_logreport(report)
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_handlecrashitem(self, crashitem: str, report: pytest.TestReport, sched: Any) -> None:
+        """xdist: a worker died mid-test; a test that had started a neuron fixture still gets its row."""
+        settings = session_settings(self.config)
+        row = crashed_test_row(settings, crashitem, report.longrepr, self.started)
+        if row is not None:
+            report.user_properties.append((ROW_PROPERTY, row.to_json()))
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if self.writer is not None:
+            self.writer.pytest_sessionfinish(session)
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if self.writer is not None:
+            self.writer.pytest_terminal_summary(terminalreporter)
+
+
+def attach_row(item: pytest.Item, call: pytest.CallInfo[None], report: pytest.TestReport) -> None:
+    """The row of a test that used the neuron fixtures rides on the report of the phase that decided
+    it (the call, or a setup that failed or skipped), as a catalog item's does (``user_properties``, so it
+    travels from xdist workers like junitxml data)."""
+    deciding = report.when == "call" or (report.when == "setup" and report.outcome != "passed")
+    if deciding and uses_fixtures(item):
+        try:
+            settings = session_settings(item.config)
+        except pytest.UsageError:  # the session cannot run anything; the setup error says why
+            return
+        evidence = evidence_of(item)
+        if evidence.resumed:  # its row is already in the dataset
+            return
+        if model_key in item.stash:
+            row = catalog_row(item, evidence, report, settings)
+        else:
+            row = user_row(item, evidence, report, call, settings)
+        report.user_properties.append((ROW_PROPERTY, row.to_json()))

@@ -1,15 +1,17 @@
-"""The catalog suite: one test per check, parametrized over the catalog, written with the public fixtures.
+"""The catalog suite: one test per check kind, parametrized over the catalog, written with the public
+fixtures.
 
 Every entry of ``models.yaml`` (and every ``--model``) is one item of :func:`test_model` (the
 inference check), its id the Hub id (``models.yaml::test_model[Qwen/Qwen3-0.6B]``), so ``-k qwen``
 selects by id and by the entry's tags; an entry that asks for the training check (``checks: [...,
 train]``, or ``--check train``) is also an item of :func:`test_training`
 (``models.yaml::test_training[Qwen/Qwen3-0.6B]``: ``-k training`` selects those, ``-k "not training"``
-the rest). The item's fixtures do what a user's own test would compose: ``neuron_model`` (the
-entry; an excluded one is skipped with its reason), ``neuron_plan`` (the plan the controller made),
-and ``neuron_check``, which leases the plan's cores, runs run.py on the device and the CPU checks
-and returns the row. The verdict is the plain ``assert`` below; when it fails, pytest shows the
-evidence (matched prefix, first divergence, both tokens, their gap: :mod:`.explain`).
+the rest). Each test is its kind's (``checks.registry.KINDS``: a kind names its test and its fixture).
+The item's fixtures do what a user's own test would compose: ``neuron_model`` (the entry; an excluded
+one is skipped with its reason), ``neuron_plan`` (the plan the controller made), and the kind's fixture
+(``neuron_check``, ``neuron_train_check``), which leases the plan's cores, runs the check on the device
+and the CPU and returns the row. The verdict is the plain ``assert`` below; when it fails, pytest shows
+the evidence (matched prefix, first divergence, both tokens, their gap: :mod:`.explain`).
 
 This module is collected by :class:`.items.CatalogFile` from the catalog file itself; it is not a
 file pytest finds on its own, so the plugin works wherever it is installed.
@@ -17,26 +19,17 @@ file pytest finds on its own, so the plugin works wherever it is installed.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import pytest
 
-# The catalog items' names live below every module that reads them (the controller, the reporting hook,
-# the dataset): re-exported here, where the tests they name are.
-from pytest_neuron_support.base.names import TEST_NAME, TEST_NAMES, check_of, item_name, model_id_of
-
-if TYPE_CHECKING:
-    from pytest_neuron_support.session.fixtures import ModelCheck
+from pytest_neuron_support.checks.registry import KINDS, checks_of
+from pytest_neuron_support.session.handles import ModelCheck
+from pytest_neuron_support.session.keys import catalog_key, options_key
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """One item per catalog model that this test's check applies to, the model spec handed to
     ``neuron_model`` (indirect)."""
-    from pytest_neuron_support.catalog.load import checks_of
-    from pytest_neuron_support.session.controller import catalog_key
-    from pytest_neuron_support.session.options import options_key
-
-    check = next(c for c, name in TEST_NAMES.items() if name == metafunc.function.__name__)
+    check = next(name for name, kind in KINDS.items() if kind.test == metafunc.function.__name__)
     options = metafunc.config.stash.get(options_key, None)
     selected = None if options is None else options.checks
     models = [m for m in metafunc.config.stash.get(catalog_key, ()) if check in checks_of(m, selected)]
@@ -46,7 +39,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 def test_model(neuron_check: ModelCheck) -> None:
-    """Does this Hub model run unmodified on the device? PASS when the device's tokens are the CPU's."""
+    """Does this Hub model run unmodified on the device? PASS when the device's output is the CPU's."""
     assert neuron_check.result == "PASS"
 
 
@@ -54,6 +47,3 @@ def test_training(neuron_train_check: ModelCheck) -> None:
     """Does this Hub model fine-tune unmodified on the device? PASS when a few Trainer steps' losses are
     finite, agree with the same steps on CPU step by step, and nothing recompiles after the first."""
     assert neuron_train_check.result == "PASS"
-
-
-__all__ = ["TEST_NAME", "TEST_NAMES", "check_of", "item_name", "model_id_of", "pytest_generate_tests"]

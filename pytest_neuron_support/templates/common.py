@@ -283,6 +283,22 @@ def join_process_group(dist, backend, rank, world, rendezvous, root_comm=None):
     dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world, timeout=timeout)
 
 
+def join_world(dist):
+    """This rank joins its run's process group: the device table's backend, WORLD's rank, size and
+    rendezvous, and the runtime's own root-communication port where the device has one (neuron). The
+    first thing a rank does, before any seeding or device use: on neuron, seeding sizes the device
+    generator table from the cores visible at that moment, and a rank's device index is only right
+    after this call."""
+    join_process_group(
+        dist,
+        SPEC["device"]["dist_backend"],
+        WORLD["rank"],
+        WORLD["size"],
+        WORLD["rendezvous"],
+        root_comm=WORLD["root_comm"],
+    )
+
+
 def spawn_ranks(world, out, ended=None):
     """Start ``world`` ranks and wait for all of them; when one ends badly, stop the others (they
     would wait in a collective for it). Returns how the first bad one ended, or None; ``ended``, a

@@ -7,7 +7,8 @@ check depends on is written into SPEC below. Reproduce the result anywhere with:
 
     python3 run.py --out result.json
 
-What it runs depends on SPEC["task"] (docs/tasks.md in pytest-neuron-support):
+What it runs is its task's code (pytest-neuron-support splices it in from templates/tasks/;
+docs/tasks.md describes each task):
 
 * text-generation: the tokenizer and AutoModelForCausalLM, the prompt as is;
 * image-text-to-text: the processor and AutoModelForImageTextToText, a fixed image drawn by this
@@ -34,7 +35,6 @@ Every result has timings, peak memory and versions, or the stage that failed wit
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
@@ -47,43 +47,29 @@ DISTRIBUTIONS = ("torch", "transformers", "torch-neuronx")
 #: The subject of the verdict line main() prints last.
 CHECK = "{model} on {device}"
 
-# What run.py and train.py share (stage markers, versions, results, ranks, main): spliced in here.
+# What run.py and train.py share (stage markers, versions, results, ranks, main), then the task's own
+# code (its preprocessor, its inputs, its run: PREPROCESSOR, prepare_task, run_task): spliced in here.
 from common import (  # noqa: E402  # @@COMMON@@
     WORLD,
     NothingCompiledError,
     device_fact,
     enter,
-    join_process_group,
+    join_world,
     main,
     peak_device_memory,
     synchronize,
 )
-
-#: sentence-transformers module types this script reproduces; any other (Dense, LayerNorm, ...)
-#: stops the run at stage load rather than embedding without it.
-TRANSFORMER_MODULE = "sentence_transformers.models.Transformer"
-POOLING_MODULE = "sentence_transformers.models.Pooling"
-NORMALIZE_MODULE = "sentence_transformers.models.Normalize"
-#: sentence-transformers' legacy pooling flags, in the order it concatenates the modes.
-POOLING_FLAGS = (
-    ("pooling_mode_cls_token", "cls"),
-    ("pooling_mode_max_tokens", "max"),
-    ("pooling_mode_mean_tokens", "mean"),
-    ("pooling_mode_mean_sqrt_len_tokens", "mean_sqrt_len_tokens"),
-    ("pooling_mode_weightedmean_tokens", "weightedmean"),
-    ("pooling_mode_lasttoken", "lasttoken"),
-)
+from tasks import COMPILED_CALL, PREPROCESSOR, prepare_task, run_task  # noqa: E402  # @@TASK@@
 
 
 def load(torch, facts):
     """(tokenizer or processor, model) for SPEC's task, placed on the device."""
     import transformers
 
-    auto_class, kind = SPEC["auto_class"], SPEC["inputs"]
+    auto_class = SPEC["auto_class"]
     common = {"revision": SPEC["revision"], "trust_remote_code": SPEC["trust_remote_code"]}
-    # A VLM needs its processor (image processor + tokenizer + chat template), not just a tokenizer.
-    preprocessor_class = transformers.AutoProcessor if kind == "vision" else transformers.AutoTokenizer
-    preprocessor = preprocessor_class.from_pretrained(SPEC["model"], **common)
+    # The task's preprocessor (its fragment's PREPROCESSOR: a tokenizer, or a VLM's processor).
+    preprocessor = getattr(transformers, PREPROCESSOR).from_pretrained(SPEC["model"], **common)
     kwargs = {"dtype": getattr(torch, SPEC["dtype"]), "device_map": SPEC["device"]["device_map"], **common}
     candidates = SPEC["distributed_configs"] or [None]
     attempts = []
@@ -110,79 +96,6 @@ def load(torch, facts):
         return preprocessor, model
 
 
-def fixed_image(torch, width, height):
-    """A test card drawn from arithmetic alone, identical on every machine: a red-green gradient,
-    a blue band, a dark square and a white disc (uint8, channels first, as image processors take).
-
-    Drawn here rather than shipped so run.py stays one file and device and reference runs see
-    the same pixels without a download."""
-    y = torch.arange(height, dtype=torch.float64).view(-1, 1).expand(height, width)
-    x = torch.arange(width, dtype=torch.float64).view(1, -1).expand(height, width)
-    red = 255.0 * x / max(width - 1, 1)
-    green = 255.0 * y / max(height - 1, 1)
-    blue = torch.where((y >= height * 0.4) & (y < height * 0.6), 255.0, 64.0)
-    square = (x >= width * 0.1) & (x < width * 0.35) & (y >= height * 0.1) & (y < height * 0.35)
-    disc = (x - width * 0.7) ** 2 + (y - height * 0.7) ** 2 <= (min(width, height) * 0.18) ** 2
-    channels = []
-    for channel in (red, green, blue):
-        channel = torch.where(square, 16.0, channel)
-        channel = torch.where(disc, 255.0, channel)
-        channels.append(channel)
-    return torch.stack(channels).round().clamp(0, 255).to(torch.uint8)
-
-
-def generation_inputs(torch, preprocessor, model):
-    """(inputs on CPU, tokenizer) for a generation task: the prompt, with the fixed image for a VLM."""
-    if SPEC["inputs"] != "vision":
-        return preprocessor(SPEC["prompt"], return_tensors="pt"), preprocessor
-    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": SPEC["prompt"]}]}]
-    text = preprocessor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    image = fixed_image(torch, *SPEC["image_size"])
-    inputs = preprocessor(images=[image], text=[text], return_tensors="pt")
-    for key, value in inputs.items():
-        if value.is_floating_point():  # pixel values in the weights' dtype, as a user passes them
-            inputs[key] = value.to(model.dtype)
-    return inputs, preprocessor.tokenizer
-
-
-def generate_kwargs(tokenizer):
-    from transformers import CompileConfig
-
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    kwargs = {
-        "max_new_tokens": SPEC["max_new_tokens"],
-        "do_sample": False,
-        "cache_implementation": "static",
-        "output_logits": True,
-        "return_dict_in_generate": True,
-        "pad_token_id": pad,
-    }
-    if SPEC["compile"]:
-        config = CompileConfig(backend=SPEC["compile_backend"], dynamic=False, mode="default")
-        if SPEC["device"]["force_compile"]:
-            # generate() only auto-compiles on accelerators; this flag forces it elsewhere.
-            config._compile_all_devices = True
-        kwargs["compile_config"] = config
-    else:
-        kwargs["disable_compile"] = True
-    return kwargs
-
-
-def top_logprobs(torch, logits, tokens, k):
-    out = []
-    for step, token in zip(logits, tokens, strict=False):
-        logprobs = torch.log_softmax(step[0].detach().float().cpu(), dim=-1)
-        values, ids = logprobs.topk(k)
-        out.append(
-            {
-                "ids": ids.tolist(),
-                "logprobs": [round(v, 6) for v in values.tolist()],
-                "chosen_logprob": round(float(logprobs[token]), 6),
-            }
-        )
-    return out
-
-
 def run():
     import torch
 
@@ -190,33 +103,18 @@ def run():
     if WORLD["size"] > 1:
         import torch.distributed as dist
 
-        # Before any seeding or device use: on neuron, seeding sizes the device generator table from
-        # the cores visible at that moment, and a rank's device index is only right after this call.
-        join_process_group(
-            dist,
-            SPEC["device"]["dist_backend"],
-            WORLD["rank"],
-            WORLD["size"],
-            WORLD["rendezvous"],
-            root_comm=WORLD["root_comm"],  # the runtime's own port, where the device has one (neuron)
-        )
+        join_world(dist)  # first: before any seeding or device use (common.py says why)
     torch.manual_seed(0)
     enter("load")
     start = time.perf_counter()
     preprocessor, model = load(torch, facts)
-    embedding = SPEC["inputs"] == "embedding"
-    pooling = sentence_transformers_pooling() if embedding else None
+    state = prepare_task()
     synchronize(torch)
     load_s = time.perf_counter() - start
     if SPEC.get("post_load"):
         # Code the harness's user asked to run after loading (pytest hook); empty by default.
         exec(SPEC["post_load"], {"torch": torch, "model": model, "SPEC": SPEC})
-    if SPEC.get("forced_tokens") is not None:
-        result = run_teacher_forced(torch, preprocessor, model)
-    elif embedding:
-        result = run_embedding(torch, preprocessor, model, pooling)
-    else:
-        result = run_generation(torch, preprocessor, model)
+    result = run_task(torch, preprocessor, model, state)
     return {
         **result,
         "load_s": load_s,
@@ -235,66 +133,12 @@ def run():
     }
 
 
-def score_tokens(torch, model, inputs, tokens):
-    """One eager forward over the inputs plus ``tokens``: per token, the model's top-1 and top-k under
-    the prefix before it, the token's logprob, its rank (0 = top-1) and its deficit to the top-1."""
-    if not tokens:
-        return []
-    n_prompt = int(inputs["input_ids"].shape[1])
-    extra = torch.tensor([tokens], dtype=inputs["input_ids"].dtype)
-    full = {}
-    for key, value in inputs.items():
-        if key == "input_ids":
-            value = torch.cat([value, extra], dim=1)
-        elif hasattr(value, "dim") and value.dim() == 2 and value.shape[1] == n_prompt:
-            # Per-token inputs follow the tokens: attend to every one, text type for the rest.
-            fill = torch.ones_like(extra) if key == "attention_mask" else torch.zeros_like(extra)
-            value = torch.cat([value, fill.to(value.dtype)], dim=1)
-        full[key] = value
-    with torch.no_grad():
-        logits = model(**full, use_cache=False).logits
-    # The logits at position p predict the token at p + 1: the prompt's last one predicts token 0.
-    window = logits[0, n_prompt - 1 : n_prompt - 1 + len(tokens)].detach().float().cpu()
-    logprobs = torch.log_softmax(window, dim=-1)
-    positions = []
-    for index, token in enumerate(tokens):
-        row = logprobs[index]
-        values, ids = row.topk(SPEC["top_k"])
-        chosen = float(row[token])
-        positions.append(
-            {
-                "token": int(token),
-                "top1": int(ids[0]),
-                "logprob": round(chosen, 6),
-                "rank": int((row > row[token]).sum()),
-                "deficit": round(float(values[0]) - chosen, 6),
-                "ids": ids.tolist(),
-                "logprobs": [round(v, 6) for v in values.tolist()],
-            }
-        )
-    return positions
-
-
-def run_teacher_forced(torch, preprocessor, model):
-    inputs, _ = generation_inputs(torch, preprocessor, model)
-    enter("check")
-    start = time.perf_counter()
-    positions = score_tokens(torch, model, inputs, [int(t) for t in SPEC["forced_tokens"]])
-    return {
-        "forced": positions,
-        "tokens": [],
-        "prompt_tokens": int(inputs["input_ids"].shape[1]),
-        "forced_s": time.perf_counter() - start,
-    }
-
-
 def compiled_graphs(torch, counters, before):
     """(graphs compiled, compile-cache hits and misses) since ``before`` (cache_counts() then)."""
     graphs = int(counters["stats"]["unique_graphs"])
     if SPEC["compile"] and graphs == 0:
-        what = "the forward pass" if SPEC["inputs"] == "embedding" else "generate()"
         raise NothingCompiledError(
-            f"{what} compiled no graph: compilation was skipped (transformers only logs "
+            f"{COMPILED_CALL} compiled no graph: compilation was skipped (transformers only logs "
             "'Compilation will be skipped'), so this run would have been eager"
         )
     after = cache_counts(torch, counters)
@@ -366,32 +210,6 @@ class RecompileLimit(logging.Handler):
         logging.getLogger(self.LOGGER).removeHandler(self)
 
 
-class StepClock:
-    """A generate() streamer that only notes when each new token reaches the host (its first put is
-    the prompt). Tokens reach the host every step anyway (the stopping check reads them), so it
-    changes neither the graphs nor the tokens."""
-
-    def __init__(self):
-        self.start = time.perf_counter()
-        self.times = []
-
-    def put(self, value):
-        self.times.append(time.perf_counter())
-
-    def end(self):
-        pass
-
-    def split(self):
-        """(seconds to the first new token, new tokens per second after it, seconds from the first new
-        token to the last); None where unknown. The rate is the tokens after the first over that span,
-        which ends at the last token: generate()'s own work after it is in generate_s only."""
-        steps = self.times[1:]
-        if not steps:
-            return None, None, None
-        span = steps[-1] - steps[0]
-        return steps[0] - self.start, ((len(steps) - 1) / span if len(steps) > 1 and span > 0 else None), span
-
-
 def cold_then_warm(torch, cold, warm):
     """Calls ``cold`` (stage ``compile``: the first call, which compiles) and then ``warm`` (stage
     ``generate``: the same call again, its graphs cached), each timed until the device has finished,
@@ -426,163 +244,6 @@ def cold_then_warm(torch, cold, warm):
         "generate_s": second_s,
     }
     return first, second, facts
-
-
-def run_generation(torch, preprocessor, model):
-    inputs, tokenizer = generation_inputs(torch, preprocessor, model)  # stays on CPU on purpose
-    kwargs = generate_kwargs(tokenizer)
-    n_prompt = int(inputs["input_ids"].shape[1])
-    clock = None
-
-    def warm():
-        # The warm run's clock starts with it, as the timing of the whole call does.
-        nonlocal clock
-        clock = StepClock()
-        return model.generate(**inputs, **kwargs, streamer=clock)
-
-    first, second, facts = cold_then_warm(torch, lambda: model.generate(**inputs, **kwargs), warm)
-    first_token_s, decode_rate, decode_s = clock.split()
-
-    tokens = [int(t) for t in first.sequences[0, n_prompt:].tolist()]
-    tokens_again = [int(t) for t in second.sequences[0, n_prompt:].tolist()]
-    result = {
-        "tokens": tokens,
-        "tokens_again": tokens_again,
-        "text": tokenizer.decode(tokens, skip_special_tokens=True),
-        "repeat_identical": tokens == tokens_again,
-        "prompt_tokens": n_prompt,
-        "top_logprobs": top_logprobs(torch, first.logits, tokens, SPEC["top_k"]),
-        "special_ids": sorted(int(i) for i in tokenizer.all_special_ids),
-        "eos_id": tokenizer.eos_token_id,
-        **facts,
-        "time_to_first_token_s": first_token_s,
-        "decode_tokens_per_s": decode_rate,
-        "decode_s": decode_s,
-    }
-    if SPEC.get("score_own_tokens"):
-        # The teacher-forced pass over this run's own tokens: when a device run generated the very
-        # same tokens, this is its CPU check too, at the cost of one forward here.
-        enter("check")
-        result["forced"] = score_tokens(torch, model, inputs, tokens)
-    return result
-
-
-def read_repo_json(name):
-    """A JSON file of the checkpoint (Hub cache, Hub or local directory), or None if it has none."""
-    from transformers.utils import cached_file
-
-    path = cached_file(
-        SPEC["model"],
-        name,
-        revision=SPEC["revision"],
-        _raise_exceptions_for_missing_entries=False,
-        _raise_exceptions_for_connection_errors=False,
-    )
-    if path is None:
-        return None
-    with open(path, encoding="utf-8") as handle:
-        return json.load(handle)
-
-
-def sentence_transformers_pooling():
-    """How the checkpoint turns token states into a sentence embedding, as its sentence-transformers
-    files declare it: {"modes": [...], "normalize": bool, "max_seq_length": int|None, "lowercase":
-    bool, "source": where it came from}. A checkpoint without modules.json gets mean pooling."""
-    modules = read_repo_json("modules.json")
-    if modules is None:
-        return {
-            "modes": ["mean"],
-            "normalize": False,
-            "max_seq_length": None,
-            "lowercase": False,
-            "source": "default: no modules.json, mean pooling",
-        }
-    modes, normalize = None, False
-    for module in modules:
-        kind = module.get("type", "")
-        if kind == TRANSFORMER_MODULE:
-            continue
-        if kind == POOLING_MODULE:
-            config = read_repo_json(f"{module['path']}/config.json".lstrip("/")) or {}
-            if "pooling_mode" in config:  # sentence-transformers >= 6 writes one key
-                mode = config["pooling_mode"]
-                modes = [mode] if isinstance(mode, str) else list(mode)
-            else:
-                modes = [name for flag, name in POOLING_FLAGS if config.get(flag)] or ["mean"]
-        elif kind == NORMALIZE_MODULE:
-            normalize = True
-        else:
-            raise NotImplementedError(
-                f"sentence-transformers module {kind!r} ({module.get('path')}) is not reproduced by run.py; "
-                "only Transformer, Pooling and Normalize are"
-            )
-    settings = read_repo_json("sentence_bert_config.json") or {}
-    return {
-        "modes": modes or ["mean"],
-        "normalize": normalize,
-        "max_seq_length": settings.get("max_seq_length"),
-        "lowercase": bool(settings.get("do_lower_case")),
-        "source": "modules.json",
-    }
-
-
-def pool(torch, hidden, mask, pooling):
-    """sentence-transformers' pooling, in float32 on CPU (both runs alike), right-padded inputs."""
-    hidden = hidden.detach().float().cpu()
-    mask = mask.detach().cpu().unsqueeze(-1).float()
-    counts = mask.sum(dim=1).clamp(min=1e-9)
-    vectors = []
-    for mode in pooling["modes"]:
-        if mode == "cls":
-            vectors.append(hidden[:, 0])
-        elif mode == "max":
-            vectors.append(hidden.masked_fill(mask == 0, float("-inf")).max(dim=1).values)
-        elif mode == "mean":
-            vectors.append((hidden * mask).sum(dim=1) / counts)
-        elif mode == "mean_sqrt_len_tokens":
-            vectors.append((hidden * mask).sum(dim=1) / counts.sqrt())
-        elif mode == "weightedmean":
-            weights = torch.arange(1, hidden.shape[1] + 1, dtype=torch.float32).view(1, -1, 1) * mask
-            vectors.append((hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1e-9))
-        elif mode == "lasttoken":
-            last = mask.squeeze(-1).sum(dim=1).long() - 1
-            vectors.append(hidden[torch.arange(hidden.shape[0]), last.clamp(min=0)])
-        else:
-            raise NotImplementedError(f"pooling mode {mode!r} is not reproduced by run.py")
-    pooled = torch.cat(vectors, dim=-1)
-    if pooling["normalize"]:
-        pooled = torch.nn.functional.normalize(pooled, p=2, dim=-1)
-    return pooled
-
-
-def run_embedding(torch, tokenizer, model, pooling):
-    sentences = [s.lower() if pooling["lowercase"] else s for s in SPEC["sentences"]]
-    limit = pooling["max_seq_length"]
-    batch = tokenizer(sentences, padding=True, truncation=limit is not None, max_length=limit, return_tensors="pt")
-    device = next(model.parameters()).device
-    inputs = {key: value.to(device) for key, value in batch.items()}
-    forward = model
-    if SPEC["compile"]:
-        # One static-shape graph of the whole encoder, with the device's backend.
-        forward = torch.compile(model, backend=SPEC["compile_backend"], dynamic=False, mode="default")
-
-    def embed():
-        with torch.no_grad():
-            out = forward(**inputs)
-        hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
-        return pool(torch, hidden, batch["attention_mask"], pooling)
-
-    first, second, facts = cold_then_warm(torch, embed, embed)
-    embeddings = first.tolist()
-    return {
-        "embeddings": embeddings,
-        "pooling": pooling,
-        "tokens": [],
-        "text": None,
-        "repeat_identical": embeddings == second.tolist(),
-        "prompt_tokens": int(batch["input_ids"].shape[1]),
-        **facts,
-    }
 
 
 def merge_rank_facts(merged, results):

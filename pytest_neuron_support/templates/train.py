@@ -42,7 +42,7 @@ from common import (  # noqa: E402  # @@COMMON@@
     WORLD,
     NothingCompiledError,
     enter,
-    join_process_group,
+    join_world,
     main,
     peak_device_memory,
     synchronize,
@@ -254,16 +254,7 @@ def run():
     if WORLD["size"] > 1:
         import torch.distributed as dist
 
-        # Before any seeding or device use (on neuron seeding sizes the generator table from the cores
-        # visible at that moment, and a rank's device index is only right after this call).
-        join_process_group(
-            dist,
-            SPEC["device"]["dist_backend"],
-            WORLD["rank"],
-            WORLD["size"],
-            WORLD["rendezvous"],
-            root_comm=WORLD["root_comm"],  # the runtime's own port, where the device has one (neuron)
-        )
+        join_world(dist)  # first: before any seeding or device use (common.py says why)
     torch.manual_seed(SPEC["seed"])
     trainer, record = prepare(torch, facts)
     result = train(torch, trainer, record)

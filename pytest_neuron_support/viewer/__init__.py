@@ -1,0 +1,1 @@
+"""The static results viewer and how to rerun any row (``report``)."""

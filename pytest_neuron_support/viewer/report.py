@@ -36,10 +36,10 @@ from pathlib import Path
 from typing import Any
 
 from pytest_neuron_support import __version__
-from pytest_neuron_support.catalog.load import CHECKS, Catalog
 from pytest_neuron_support.catalog.load import TASKS as CATALOG_TASKS
+from pytest_neuron_support.catalog.load import Catalog
+from pytest_neuron_support.checks.registry import CHECKS
 from pytest_neuron_support.data.dataset import read_dataset, stack_stem
-from pytest_neuron_support.data.hub import TASKS as HUB_TASKS
 from pytest_neuron_support.data.hub import HubError, HubRanking, fetch_all, load_snapshot, save_snapshot
 from pytest_neuron_support.data.records import (
     COLUMN_DOCS,
@@ -51,9 +51,10 @@ from pytest_neuron_support.data.records import (
     Row,
 )
 from pytest_neuron_support.data.signatures import blockers
+from pytest_neuron_support.devices.table import DEVICES
 from pytest_neuron_support.run import neffcache
-from pytest_neuron_support.run.devices import DEVICES
 from pytest_neuron_support.run.runscript import template
+from pytest_neuron_support.tasks.table import RANKED_TASKS
 
 #: AWS's pip index for neuronx-cc and torch-neuronx (the PyPI names are placeholders).
 NEURON_PIP_INDEX = "https://pip.repos.neuron.amazonaws.com"
@@ -305,7 +306,7 @@ def _view_of(rankings: Sequence[HubRanking], source: str) -> HubView:
 
 def live_hub_view(limit: int, timeout_s: float) -> HubView:
     """Fetch every ranking now (``HF_ENDPOINT`` honoured); never raises for Hub trouble."""
-    return _view_of(fetch_all(limit=limit, timeout_s=timeout_s), "live")
+    return _view_of(fetch_all(RANKED_TASKS, limit=limit, timeout_s=timeout_s), "live")
 
 
 def snapshot_hub_view(path: Path) -> HubView:
@@ -385,7 +386,7 @@ def report_data(rows: Sequence[Row], catalog: Catalog | None, hub_view: HubView)
         dict.fromkeys(
             [
                 *CATALOG_TASKS,
-                *HUB_TASKS,
+                *RANKED_TASKS,
                 *(r.task for r in rows),
                 *(spec.task for spec in (catalog.models if catalog else ())),
             ]

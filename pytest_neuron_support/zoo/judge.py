@@ -164,7 +164,7 @@ def _judge_batch(
     rng: random.Random, data: _TrainData, tokenizer: _HFTokenizer, size: int, kind: str | None = None
 ) -> list[_JudgeExample]:
     """``size`` judge prompts about texts of ``kind``, or of kinds drawn with the training shares."""
-    from pytest_neuron_support.verdict.checks import JUDGE_QUESTION
+    from pytest_neuron_support.verdict.fluency import JUDGE_QUESTION
 
     shares: dict[str, float] = dict(_JUDGE_SPEC["kinds"])
     head = JUDGE_QUESTION.split("{text}")[0]
@@ -243,7 +243,7 @@ def _build_judge(
     is where judge.py reads the answer."""
     import torch
 
-    from pytest_neuron_support.verdict.checks import NO_WORDS, YES_WORDS
+    from pytest_neuron_support.verdict.fluency import NO_WORDS, YES_WORDS
 
     tf = _transformers()
     spec = _JUDGE_SPEC

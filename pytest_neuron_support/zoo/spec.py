@@ -633,7 +633,7 @@ _JUDGE_SYMBOL = re.compile(r"[A-Za-z]+|\d+|[^\sA-Za-z\d]")
 
 
 def _judge_question() -> str:
-    from pytest_neuron_support.verdict.checks import JUDGE_QUESTION
+    from pytest_neuron_support.verdict.fluency import JUDGE_QUESTION
 
     return JUDGE_QUESTION
 

@@ -24,12 +24,12 @@ _ANSWER_MARKER = " ASSISTANT:"
 
 
 def _test_card(torch_module: Any) -> Any:
-    """run.py's own test card (its ``fixed_image``), drawn by the template's code itself so the zoo
-    trains and checks on exactly the pixels every run feeds the model."""
+    """run.py's own test card (its ``fixed_image``, from the image-text-to-text task's fragment), drawn by
+    the template's code itself so the zoo trains and checks on exactly the pixels every run feeds the model."""
     from pytest_neuron_support.run.runscript import TEST_CARD_SIZE, template
 
     namespace: dict[str, Any] = {"__name__": "neuron_support_run_template"}
-    exec(compile(template(), "run.py", "exec"), namespace)
+    exec(compile(template("run.py", ("vision.py", "generation.py")), "run.py", "exec"), namespace)
     return namespace["fixed_image"](torch_module, *TEST_CARD_SIZE)
 
 

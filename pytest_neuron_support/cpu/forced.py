@@ -1,0 +1,113 @@
+"""The teacher-forced CPU check of a device run's tokens: one CPU forward over the prompt plus the
+device's own tokens, scoring every position under the device's prefix (``verdict.tokens.teacher_forced``).
+
+It runs wherever the host can hold the model (sharded runs included: one forward, not 32 slow decode
+steps), is cached like the reference, and is reused outright when the free-running reference generated
+exactly the device's tokens (its own pass already scored them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from pytest_neuron_support.base.redaction import scrub
+from pytest_neuron_support.planning.planner import DTYPE_BYTES, training_bytes
+from pytest_neuron_support.run.caches import ReferenceCache, reference_key
+from pytest_neuron_support.run.context import Job
+from pytest_neuron_support.run.execution import failure_of
+from pytest_neuron_support.run.runscript import RunSpec
+from pytest_neuron_support.run.settings import Settings
+from pytest_neuron_support.verdict.tokens import TeacherForced, teacher_forced
+
+#: Host memory a CPU-side run needs per byte of what it holds (weights, or a training state): the
+#: activations, logits, the interpreter and the library around them.
+CPU_CHECK_OVERHEAD = 1.25
+
+
+@dataclass(frozen=True)
+class ForcedCheck:
+    """What the teacher-forced CPU check found, and how it got it.
+
+    Attributes:
+        forced: the summary (None when it could not run: the host cannot hold the model, or it failed).
+        how: ``reused`` (the reference's own pass), ``cached``, ``ran``, or ``skipped: <why>``.
+        wall_s: seconds its run took here (0 when reused or cached; None when skipped).
+        failure: (result, error) of a check run that did not finish, else None.
+    """
+
+    forced: TeacherForced | None
+    how: str
+    wall_s: float | None
+    failure: tuple[str, str] | None = None
+
+
+def memory_shortfall(parameters: int | None, dtype: str, settings: Settings, *, training: bool = False) -> str | None:
+    """Why the host cannot hold a CPU-side run of a model of ``parameters`` in ``dtype`` (its weights, or
+    with ``training`` its whole training state: the planner's memory model), x :data:`CPU_CHECK_OVERHEAD`;
+    None when it can, or the size is unknown."""
+    if not parameters:
+        return None
+    held = training_bytes(parameters, dtype) if training else parameters * DTYPE_BYTES[dtype]
+    needed = int(held * CPU_CHECK_OVERHEAD)
+    if settings.cpu_check_memory is not None:
+        available, what = settings.cpu_check_memory, "--cpu-check-memory-gib allows"
+    else:
+        import psutil
+
+        available, what = int(psutil.virtual_memory().available), "the host has available"
+    if needed <= available:
+        return None
+    gib = 1 << 30
+    if training:
+        return (
+            f"the CPU side of the training check needs ~{needed / gib:.1f} GiB of host memory ({dtype} training "
+            f"state x {CPU_CHECK_OVERHEAD}), {what} {available / gib:.1f} GiB: no CPU steps to compare with"
+        )
+    return (
+        f"needs ~{needed / gib:.1f} GiB of host memory ({dtype} weights x {CPU_CHECK_OVERHEAD}), "
+        f"{what} {available / gib:.1f} GiB"
+    )
+
+
+def forced_check(
+    job: Job,
+    spec: RunSpec,
+    result: Mapping[str, Any],
+    parameters: int | None,
+    reference: Mapping[str, Any] | None,
+) -> ForcedCheck:
+    """The teacher-forced CPU check of the device ``result``'s tokens. ``spec`` is the check's run.py
+    (the reference's spec scoring the device's tokens); ``reference`` the free-running reference's
+    result when there is one (its pass is reused when it generated the same tokens)."""
+    tokens = tuple(int(t) for t in result.get("tokens") or ())
+    device_top = result.get("top_logprobs") or ()
+    if reference is not None and tuple(reference.get("tokens") or ()) == tokens and "forced" in reference:
+        return ForcedCheck(teacher_forced(reference["forced"], device_top), "reused", 0.0)
+    short = memory_shortfall(parameters, spec.dtype, job.settings)
+    if short is not None:
+        return ForcedCheck(None, f"skipped: {short}", None)
+    settings = job.settings
+    key = reference_key(spec, settings.stack)
+    cache = ReferenceCache(settings.reference_cache) if settings.reference_cache is not None else None
+    cached = cache.get(key, result.get("commit")) if cache is not None else None
+    if cached is not None:
+        return ForcedCheck(teacher_forced(cached["forced"], device_top), "cached", 0.0)
+    _, outcome = job.execute(spec, "cpu-check", job.cpu_env())
+    wall_s = round(outcome.wall_s, 3)
+    checked = outcome.result
+    if checked is None or not checked.get("ok"):
+        status, _, error = failure_of(
+            outcome, "teacher-forced CPU check run.py", offline=settings.hub_unreachable, checkpoint=job.model.id
+        )
+        return ForcedCheck(None, "ran", wall_s, (status, scrub(error, job.environ) or ""))
+    if cache is not None:
+        cache.put(key, checked)
+    return ForcedCheck(teacher_forced(checked["forced"], device_top), "ran", wall_s)
+
+
+def forced_spec(reference: RunSpec, tokens: tuple[int, ...]) -> RunSpec:
+    """The teacher-forced CPU check's run.py: the reference's spec (CPU, eager, the reference dtype, the
+    same inputs) scoring ``tokens`` instead of generating."""
+    return replace(reference, forced_tokens=tokens, score_own_tokens=False)

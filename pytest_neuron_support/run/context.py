@@ -1,0 +1,110 @@
+"""One model's check as the runs see it (:class:`Job`), the environments its processes get, and how a
+rendered script of it is executed.
+
+Every process a check starts for a model runs through :func:`execute`: rendered from its spec into its
+own folder, isolated in a process group of its own, under the model's timeout and the session's host
+memory cap. The device run gets the lease's pinning (:func:`device_run_env`); everything on the CPU
+side (reference, teacher-forced check, judge, training's CPU steps) gets :func:`cpu_env`.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pytest_neuron_support.base.model import ModelSpec
+from pytest_neuron_support.devices.table import DEVICES, NO_DEVICE_ENV
+from pytest_neuron_support.planning.planner import Plan
+from pytest_neuron_support.run import neffcache
+from pytest_neuron_support.run.execution import ProcessOutcome
+from pytest_neuron_support.run.runscript import RunSpec, TrainSpec, render_and_run
+from pytest_neuron_support.run.settings import Settings, timeout_of
+
+
+@dataclass(frozen=True)
+class Job:
+    """One check of one model: what every run of it needs.
+
+    Attributes:
+        model: the model checked.
+        settings: the session's settings.
+        plan: its plan (cores, sharding).
+        workdir: its run folder (``device/``, ``reference/``, ``cpu-check/``, ``judge/``, ``cpu/``).
+        environ: the environment its processes start from (the caller's, tokens included: every file
+            a run leaves is scrubbed of them).
+    """
+
+    model: ModelSpec
+    settings: Settings
+    plan: Plan
+    workdir: Path
+    environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+
+    @property
+    def sharded(self) -> bool:
+        return self.plan.cores > 1
+
+    def cpu_env(self) -> dict[str, str]:
+        return cpu_env(self.settings, self.environ)
+
+    def execute(
+        self,
+        spec: RunSpec | TrainSpec,
+        folder: str,
+        env: Mapping[str, str],
+        cancel: threading.Event | None = None,
+    ) -> tuple[str, ProcessOutcome]:
+        """Render ``spec`` into ``workdir/folder`` and run it isolated there: (its source, how it ended)."""
+        return render_and_run(
+            spec,
+            self.workdir / folder,
+            env=env,
+            timeout=timeout_of(self.model, self.settings),
+            memory_limit=self.settings.host_memory_limit,
+            cancel=cancel,
+        )
+
+
+def session_env(settings: Settings, environ: Mapping[str, str]) -> dict[str, str]:
+    """``environ`` for a process the session starts for a model:
+
+    - offline (``HF_HUB_OFFLINE=1``) when the session found the Hub unreachable
+      (``settings.hub_unreachable``): ``from_pretrained`` then loads from the cache or fails at once,
+      instead of through the client's connection retries (about 50 s a load); otherwise the user's own
+      ``HF_HUB_OFFLINE`` as it is;
+    - ``OMP_NUM_THREADS`` set to the session's ``settings.cpu_threads`` (``--cpu-threads``): the workers'
+      concurrent runs share the CPUs instead of each sizing its thread pool to the whole machine
+      (``planning.cpu_threads`` says what that oversubscription costs). None leaves the user's own."""
+    env = dict(environ)
+    if settings.hub_unreachable is not None:
+        env["HF_HUB_OFFLINE"] = "1"
+    if settings.cpu_threads is not None:
+        env["OMP_NUM_THREADS"] = str(settings.cpu_threads)
+    return env
+
+
+def device_run_env(settings: Settings, environ: Mapping[str, str], pinned: Mapping[str, str]) -> dict[str, str]:
+    """The environment of a device run: the caller's (offline when the session found the Hub
+    unreachable, with the session's CPU threads: :func:`session_env`), the lease's pinning (the
+    device's core variable) and, with ``--neff-cache``, the device's compile cache variable."""
+    env = {**session_env(settings, environ), **pinned}
+    if settings.neff_cache is not None:
+        # neuron: one folder per compiler version (its cache keys hold none), the one neff pull and push use
+        cache = neffcache.run_cache_dir(settings.device, settings.neff_cache, settings.stack.neuronx_cc)
+        env[settings.device.compile_cache_env] = str(cache)
+    return env
+
+
+_PIN_VARS = frozenset(kind.core_env_var for kind in DEVICES.values() if kind.core_env_var)
+
+
+def cpu_env(settings: Settings, environ: Mapping[str, str]) -> dict[str, str]:
+    """The environment of a CPU-side run (reference, CPU check, judge, training's CPU side): offline
+    when the session found the Hub unreachable, with the session's CPU threads (:func:`session_env`),
+    no device core pinning, and no device backend autoloaded (importing torch would load torch-neuronx
+    on a trn2 host)."""
+    env = session_env(settings, environ)
+    return {**{k: v for k, v in env.items() if k not in _PIN_VARS}, **NO_DEVICE_ENV}

@@ -1,0 +1,97 @@
+"""Sentence embeddings (``feature-extraction``, ``sentence-similarity``): a fixed list of sentences
+embedded with the pooling the checkpoint's sentence-transformers files declare.
+
+run.py compiles the encoder's forward pass with the device's backend and runs it twice (the second must
+repeat the first). The verdict: every sentence's device embedding points the way the CPU reference's
+does, cosine similarity at least the entry's ``min_cosine`` (default
+``verdict.embeddings.DEFAULT_MIN_COSINE``). The reference runs beside the device run, sharded or not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any, ClassVar
+
+from pytest_neuron_support.base.model import ModelSpec
+from pytest_neuron_support.cpu.reference import ReferenceRun, reference_result
+from pytest_neuron_support.data.records import Row
+from pytest_neuron_support.run.context import Job
+from pytest_neuron_support.tasks.task import Task
+from pytest_neuron_support.verdict import decide
+from pytest_neuron_support.verdict.embeddings import DEFAULT_MIN_COSINE, EmbeddingParity, compare_embeddings
+
+#: What embedding tasks embed: short and long, punctuation, digits, casing and non-ASCII, so the
+#: batch is padded (the pooling mask matters) and the tokenizer's edge cases are exercised.
+EMBEDDING_SENTENCES: tuple[str, ...] = (
+    "The history of the printing press begins in the fifteenth century.",
+    "A man is playing a guitar.",
+    "Someone is playing an instrument on stage.",
+    "The cat sits on the warm windowsill and watches the birds outside, ignoring the dog.",
+    "Stock markets fell 3.2% on Tuesday after the announcement.",
+    "How do I reset my password?",
+    "Café au lait costs €4 in Paris; naïve tourists pay more.",
+    "AWS Trainium runs PyTorch models through TorchNeuron.",
+)
+
+
+def min_cosine_of(model: ModelSpec) -> float:
+    """The cosine threshold of an embedding entry: its ``min_cosine``, else the default."""
+    return DEFAULT_MIN_COSINE if model.min_cosine is None else model.min_cosine
+
+
+def cosine_parity(model: ModelSpec, result: Mapping[str, Any], reference: Mapping[str, Any]) -> EmbeddingParity:
+    """Each sentence's device embedding against the CPU's, at the entry's threshold."""
+    return compare_embeddings(result.get("embeddings") or (), reference.get("embeddings") or (), min_cosine_of(model))
+
+
+def with_cosines(row: Row, parity: EmbeddingParity) -> Row:
+    """The cosine evidence into the row's columns."""
+    return replace(
+        row,
+        reference_match=parity.match,
+        min_cosine=None if parity.min_cosine is None else round(parity.min_cosine, 8),
+        cosine_threshold=parity.threshold,
+    )
+
+
+class SentenceEmbedding(Task):
+    """The tokenizer and ``AutoModel``; the sentences of :data:`EMBEDDING_SENTENCES`."""
+
+    auto_class: ClassVar[str] = "AutoModel"
+    inputs: ClassVar[str] = "embedding"
+    fragments: ClassVar[tuple[str, ...]] = ("embedding.py",)
+    ranked: ClassVar[bool] = False
+    takes_prompt: ClassVar[bool] = False
+    cosine: ClassVar[bool] = True
+    generates: ClassVar[bool] = False
+
+    def prompt(self, model: ModelSpec, default: str) -> str | None:
+        return None  # it embeds fixed sentences
+
+    def hash_parts(self, model: ModelSpec) -> list[str]:
+        return [repr(min_cosine_of(model)), *EMBEDDING_SENTENCES]
+
+    def spec_fields(self, model: ModelSpec, reference: bool) -> dict[str, Any]:
+        return {"sentences": EMBEDDING_SENTENCES}
+
+    def repeat(self, row: Row, result: Mapping[str, Any]) -> decide.Decision | None:
+        if row.repeat_identical is not False:
+            return None
+        return decide.repeat_differs((), None, None, vectors=True)
+
+    def free_reference(self, sharded: bool) -> bool:
+        return True  # the embeddings are what the verdict compares, sharded or not
+
+    def compare(self, row: Row, model: ModelSpec, result: Mapping[str, Any], reference: Mapping[str, Any]) -> Row:
+        return with_cosines(row, cosine_parity(model, result, reference))
+
+    def decide(self, job: Job, row: Row, result: Mapping[str, Any], reference: ReferenceRun | None) -> Row:
+        assert reference is not None
+        ref = reference_result(reference, result.get("commit"))
+        row = replace(row, reference_dtype=ref.dtype, reference_s=ref.wall_s, reference_cached=ref.cached)
+        if ref.failure is not None:
+            return replace(row, **decide.run_failed(ref.failure[0], "reference", ref.failure[1]).fields())
+        assert ref.result is not None
+        parity = cosine_parity(job.model, result, ref.result)
+        return replace(with_cosines(row, parity), **decide.embeddings(parity).fields())

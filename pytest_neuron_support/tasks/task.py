@@ -1,0 +1,199 @@
+"""What a task is: one row of the task table (:mod:`.table`), with its default row here.
+
+A task says how a model of it is loaded (library, Auto class), what run.py feeds it and how (its
+run.py fragments under ``templates/tasks/``, spliced into run.py the way ``templates/common.py`` is),
+how its result becomes row columns, how its output is compared with the CPU's and how the inference
+check decides it (through the pure rules of :mod:`pytest_neuron_support.verdict.decide`), which of the
+catalog's fields it takes, what its settings hash holds, and how the planner reads its size.
+
+:class:`Task`'s attributes and methods are the default row: a causal LM generating text from a prompt.
+A task module subclasses it and sets only what differs, as transformers' ``testing_utils`` device
+tables keep a ``"default"`` entry beside one entry per device.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any, ClassVar
+
+from pytest_neuron_support.base.model import ModelSpec
+from pytest_neuron_support.cpu.reference import ReferenceRun
+from pytest_neuron_support.data.records import Row
+from pytest_neuron_support.devices.table import DeviceKind
+from pytest_neuron_support.planning.planner import ModelShape, Plan, distributed_configs, inspect_model
+from pytest_neuron_support.run.context import Job
+from pytest_neuron_support.run.runscript import RunSpec
+from pytest_neuron_support.run.settings import Settings
+from pytest_neuron_support.verdict.decide import Decision, repeat_differs
+from pytest_neuron_support.verdict.tokens import repeat_divergence
+
+#: Graphs a run with static shapes needs: one decoding-step graph (generate() runs the prefill
+#: eagerly), or one forward graph for an embedding task. More is a graph break or a recompile:
+#: on neuron each one is another neuronx-cc compile.
+EXPECTED_GRAPHS = 1
+
+
+class Task:
+    """One task the suite runs (the default row: text generation with a causal LM).
+
+    Attributes:
+        name: the catalog's ``task:`` value, the Hub's pipeline tag.
+        library: the library run.py loads it with.
+        auto_class: the Auto class of that library run.py loads the model with.
+        inputs: how run.py feeds it (its ``SPEC["inputs"]``): ``text`` (the prompt), ``vision`` (the
+            prompt and run.py's own test card, through the processor) or ``embedding`` (a fixed list of
+            sentences).
+        fragments: run.py's task code, files of ``templates/tasks/`` spliced in this order.
+        ranked: the viewer's Trending and Downloads views list the Hub's models of this task.
+        takes_prompt: a catalog entry may set ``prompt:``.
+        cosine: judged by cosine similarity (a catalog entry may set ``min_cosine:``).
+        generates: it generates tokens (``--max-new-tokens`` applies; the training check may apply).
+    """
+
+    library: ClassVar[str] = "transformers"
+    auto_class: ClassVar[str] = "AutoModelForCausalLM"
+    inputs: ClassVar[str] = "text"
+    fragments: ClassVar[tuple[str, ...]] = ("text.py", "generation.py")
+    ranked: ClassVar[bool] = True
+    takes_prompt: ClassVar[bool] = True
+    cosine: ClassVar[bool] = False
+    generates: ClassVar[bool] = True
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name}>"
+
+    # --- what a run of it is ----------------------------------------------------------------------
+
+    def prompt(self, model: ModelSpec, default: str) -> str | None:
+        """The prompt its runs use: the entry's, else the session's ``--prompt`` (``default``)."""
+        return model.prompt or default
+
+    def max_new_tokens(self, settings: Settings) -> int | None:
+        """Greedy tokens per run (None for a task that generates none)."""
+        return settings.max_new_tokens if self.generates else None
+
+    def hash_parts(self, model: ModelSpec) -> list[str]:
+        """What the settings hash holds for this task beyond what every task's does."""
+        return []
+
+    def spec_fields(self, model: ModelSpec, reference: bool) -> dict[str, Any]:
+        """The task's own fields of its run.py spec (a CPU reference's with ``reference``)."""
+        return {}
+
+    def run_spec(
+        self,
+        model: ModelSpec,
+        settings: Settings,
+        *,
+        device: DeviceKind,
+        reference: bool,
+        post_load: str,
+        plan: Plan | None = None,
+    ) -> RunSpec:
+        """run.py's spec: on the device compiled with the session's backend and sharded by the plan; a
+        CPU reference (``reference``) eager, one process, in the reference dtype, on the same inputs."""
+        return RunSpec(
+            model=model.id,
+            revision=model.revision,
+            task=self.name,
+            dtype=(settings.reference_dtype or model.dtype) if reference else model.dtype,
+            prompt=self.prompt(model, settings.prompt) or "",
+            max_new_tokens=settings.max_new_tokens,
+            device=device,
+            compile=not reference,
+            compile_backend=device.compile_backend if reference else settings.compile_backend,
+            trust_remote_code=model.trust_remote_code and settings.allow_remote_code,
+            post_load="" if reference else post_load,
+            world_size=1 if reference or plan is None else max(plan.cores, 1),
+            distributed_configs=() if reference or plan is None else distributed_configs(plan),
+            **self.script_fields(),
+            **self.spec_fields(model, reference),
+        )
+
+    def script_fields(self) -> dict[str, Any]:
+        """What a run.py spec takes from the task's row: its Auto class, its inputs, its fragments."""
+        return {"auto_class": self.auto_class, "inputs": self.inputs, "fragments": self.fragments}
+
+    def read_shape(self, model: ModelSpec, *, local_only: bool = False) -> ModelShape:
+        """The planner's facts about a model of this task (its ``config.json`` and weights' headers)."""
+        return inspect_model(model, local_only=local_only)
+
+    # --- from its result to its row ---------------------------------------------------------------
+
+    def with_result(self, row: Row, result: Mapping[str, Any]) -> Row:
+        """What run.py measured, into the row's columns."""
+        first_s, second_s = result.get("first_generate_s"), result.get("generate_s")
+        compile_s = round(first_s - second_s, 3) if first_s is not None and second_s is not None else None
+        versions = result.get("versions") or {}
+        graphs = result.get("graphs_compiled")
+        tokens = tuple(result.get("tokens") or ())
+        again = result.get("tokens_again")
+        counts = result.get("compile_cache") or {}
+        return replace(
+            row,
+            graphs_compiled=graphs,
+            recompiles=result.get("recompiles"),
+            graph_breaks=result.get("graph_breaks"),
+            graph_break_reasons=tuple(result.get("graph_break_reasons") or ()),
+            excess_graphs=None if graphs is None else max(0, int(graphs) - EXPECTED_GRAPHS),
+            recompile_limit=result.get("recompile_limit"),
+            repeat_identical=result.get("repeat_identical"),
+            repeat_divergence=None if again is None else repeat_divergence(tokens, again),
+            load_s=rounded(result.get("load_s")),
+            first_generate_s=rounded(first_s),
+            generate_s=rounded(second_s),
+            time_to_first_token_s=rounded(result.get("time_to_first_token_s")),
+            decode_tokens_per_s=rounded(result.get("decode_tokens_per_s")),
+            compile_s=compile_s,
+            peak_device_memory_bytes=result.get("peak_device_memory_bytes"),
+            peak_device_memory_by_rank=tuple(
+                m for m in result.get("peak_device_memory_by_rank") or () if m is not None
+            ),
+            fallback_ops=tuple(result.get("fallback_ops") or ()),
+            peak_host_rss_bytes=result.get("peak_host_rss_bytes"),
+            cpu_threads=result.get("cpu_threads"),
+            tokens=tokens,
+            distributed_config=json.dumps(result["distributed_config"]) if result.get("distributed_config") else None,
+            distributed_attempts=(
+                json.dumps(result["distributed_attempts"]) if result.get("distributed_attempts") else None
+            ),
+            text=result.get("text"),
+            torch=versions.get("torch", row.torch),
+            library_version=versions.get("transformers", row.library_version),
+            neuronx_cc=versions.get("neuronx_cc", row.neuronx_cc),
+            torch_neuronx=versions.get("torch_neuronx", row.torch_neuronx),
+            # Persistent compile-cache hits and misses, as run.py counted them (neuron: kernels, eager ops
+            # included; cpu/cuda: inductor's FX graphs); None where the device's stats API was missing.
+            persistent_cache_hits=counts.get("hits"),
+            persistent_cache_misses=counts.get("misses"),
+        )
+
+    def repeat(self, row: Row, result: Mapping[str, Any]) -> Decision | None:
+        """The warm second run must repeat the first: None when it did, else its FAIL."""
+        if row.repeat_identical is not False:
+            return None
+        return repeat_differs(row.tokens, result.get("tokens_again"), row.repeat_divergence, vectors=False)
+
+    # --- its verdict ------------------------------------------------------------------------------
+
+    def free_reference(self, sharded: bool) -> bool:
+        """Whether a free-running CPU reference runs beside the device run."""
+        return not sharded
+
+    def compare(self, row: Row, model: ModelSpec, result: Mapping[str, Any], reference: Mapping[str, Any]) -> Row:
+        """The device ``result`` against the CPU ``reference``: the evidence, into the row's columns."""
+        raise NotImplementedError(f"{self.name}: no comparison with a CPU reference")
+
+    def decide(self, job: Job, row: Row, result: Mapping[str, Any], reference: ReferenceRun | None) -> Row:
+        """The inference check's verdict of a device run that finished and repeated itself: the CPU
+        checks this task needs, their evidence into the row, and the decision."""
+        raise NotImplementedError(f"{self.name}: no verdict")
+
+
+def rounded(value: float | None) -> float | None:
+    return None if value is None else round(float(value), 3)

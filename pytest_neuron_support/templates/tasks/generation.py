@@ -1,0 +1,186 @@
+"""run.py's generation (``text-generation``, ``image-text-to-text``): greedy tokens with a static cache,
+twice (the first compiles the decoding step with the device's backend, the second is timed warm); or,
+with SPEC["forced_tokens"], the teacher-forced CPU check of a device run's tokens.
+
+Spliced into run.py after its inputs fragment (text.py or vision.py, which define PREPROCESSOR and
+task_inputs); see text.py.
+"""
+
+from __future__ import annotations
+
+from run import SPEC, cold_then_warm, enter, task_inputs
+
+# isort: split
+# @@TASK@@
+import time
+
+#: What compiles (the message of a run that compiled nothing names it).
+COMPILED_CALL = "generate()"
+
+
+def generate_kwargs(tokenizer):
+    from transformers import CompileConfig
+
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    kwargs = {
+        "max_new_tokens": SPEC["max_new_tokens"],
+        "do_sample": False,
+        "cache_implementation": "static",
+        "output_logits": True,
+        "return_dict_in_generate": True,
+        "pad_token_id": pad,
+    }
+    if SPEC["compile"]:
+        config = CompileConfig(backend=SPEC["compile_backend"], dynamic=False, mode="default")
+        if SPEC["device"]["force_compile"]:
+            # generate() only auto-compiles on accelerators; this flag forces it elsewhere.
+            config._compile_all_devices = True
+        kwargs["compile_config"] = config
+    else:
+        kwargs["disable_compile"] = True
+    return kwargs
+
+
+def top_logprobs(torch, logits, tokens, k):
+    out = []
+    for step, token in zip(logits, tokens, strict=False):
+        logprobs = torch.log_softmax(step[0].detach().float().cpu(), dim=-1)
+        values, ids = logprobs.topk(k)
+        out.append(
+            {
+                "ids": ids.tolist(),
+                "logprobs": [round(v, 6) for v in values.tolist()],
+                "chosen_logprob": round(float(logprobs[token]), 6),
+            }
+        )
+    return out
+
+
+class StepClock:
+    """A generate() streamer that only notes when each new token reaches the host (its first put is
+    the prompt). Tokens reach the host every step anyway (the stopping check reads them), so it
+    changes neither the graphs nor the tokens."""
+
+    def __init__(self):
+        self.start = time.perf_counter()
+        self.times = []
+
+    def put(self, value):
+        self.times.append(time.perf_counter())
+
+    def end(self):
+        pass
+
+    def split(self):
+        """(seconds to the first new token, new tokens per second after it, seconds from the first new
+        token to the last); None where unknown. The rate is the tokens after the first over that span,
+        which ends at the last token: generate()'s own work after it is in generate_s only."""
+        steps = self.times[1:]
+        if not steps:
+            return None, None, None
+        span = steps[-1] - steps[0]
+        return steps[0] - self.start, ((len(steps) - 1) / span if len(steps) > 1 and span > 0 else None), span
+
+
+def run_generation(torch, preprocessor, model):
+    inputs, tokenizer = task_inputs(torch, preprocessor, model)  # stays on CPU on purpose
+    kwargs = generate_kwargs(tokenizer)
+    n_prompt = int(inputs["input_ids"].shape[1])
+    clock = None
+
+    def warm():
+        # The warm run's clock starts with it, as the timing of the whole call does.
+        nonlocal clock
+        clock = StepClock()
+        return model.generate(**inputs, **kwargs, streamer=clock)
+
+    first, second, facts = cold_then_warm(torch, lambda: model.generate(**inputs, **kwargs), warm)
+    first_token_s, decode_rate, decode_s = clock.split()
+
+    tokens = [int(t) for t in first.sequences[0, n_prompt:].tolist()]
+    tokens_again = [int(t) for t in second.sequences[0, n_prompt:].tolist()]
+    result = {
+        "tokens": tokens,
+        "tokens_again": tokens_again,
+        "text": tokenizer.decode(tokens, skip_special_tokens=True),
+        "repeat_identical": tokens == tokens_again,
+        "prompt_tokens": n_prompt,
+        "top_logprobs": top_logprobs(torch, first.logits, tokens, SPEC["top_k"]),
+        "special_ids": sorted(int(i) for i in tokenizer.all_special_ids),
+        "eos_id": tokenizer.eos_token_id,
+        **facts,
+        "time_to_first_token_s": first_token_s,
+        "decode_tokens_per_s": decode_rate,
+        "decode_s": decode_s,
+    }
+    if SPEC.get("score_own_tokens"):
+        # The teacher-forced pass over this run's own tokens: when a device run generated the very
+        # same tokens, this is its CPU check too, at the cost of one forward here.
+        enter("check")
+        result["forced"] = score_tokens(torch, model, inputs, tokens)
+    return result
+
+
+def score_tokens(torch, model, inputs, tokens):
+    """One eager forward over the inputs plus ``tokens``: per token, the model's top-1 and top-k under
+    the prefix before it, the token's logprob, its rank (0 = top-1) and its deficit to the top-1."""
+    if not tokens:
+        return []
+    n_prompt = int(inputs["input_ids"].shape[1])
+    extra = torch.tensor([tokens], dtype=inputs["input_ids"].dtype)
+    full = {}
+    for key, value in inputs.items():
+        if key == "input_ids":
+            value = torch.cat([value, extra], dim=1)
+        elif hasattr(value, "dim") and value.dim() == 2 and value.shape[1] == n_prompt:
+            # Per-token inputs follow the tokens: attend to every one, text type for the rest.
+            fill = torch.ones_like(extra) if key == "attention_mask" else torch.zeros_like(extra)
+            value = torch.cat([value, fill.to(value.dtype)], dim=1)
+        full[key] = value
+    with torch.no_grad():
+        logits = model(**full, use_cache=False).logits
+    # The logits at position p predict the token at p + 1: the prompt's last one predicts token 0.
+    window = logits[0, n_prompt - 1 : n_prompt - 1 + len(tokens)].detach().float().cpu()
+    logprobs = torch.log_softmax(window, dim=-1)
+    positions = []
+    for index, token in enumerate(tokens):
+        row = logprobs[index]
+        values, ids = row.topk(SPEC["top_k"])
+        chosen = float(row[token])
+        positions.append(
+            {
+                "token": int(token),
+                "top1": int(ids[0]),
+                "logprob": round(chosen, 6),
+                "rank": int((row > row[token]).sum()),
+                "deficit": round(float(values[0]) - chosen, 6),
+                "ids": ids.tolist(),
+                "logprobs": [round(v, 6) for v in values.tolist()],
+            }
+        )
+    return positions
+
+
+def run_teacher_forced(torch, preprocessor, model):
+    inputs, _ = task_inputs(torch, preprocessor, model)
+    enter("check")
+    start = time.perf_counter()
+    positions = score_tokens(torch, model, inputs, [int(t) for t in SPEC["forced_tokens"]])
+    return {
+        "forced": positions,
+        "tokens": [],
+        "prompt_tokens": int(inputs["input_ids"].shape[1]),
+        "forced_s": time.perf_counter() - start,
+    }
+
+
+def prepare_task():
+    """Nothing to read before the first call (the embedding fragment reads its pooling here)."""
+    return None
+
+
+def run_task(torch, preprocessor, model, state):
+    """The teacher-forced CPU check when SPEC["forced_tokens"] is set, else the generation."""
+    if SPEC.get("forced_tokens") is not None:
+        return run_teacher_forced(torch, preprocessor, model)
+    return run_generation(torch, preprocessor, model)

@@ -1,0 +1,159 @@
+"""The verdict rule, in one place: pure functions from evidence to a :class:`Decision`.
+
+Every row's ``result``, ``failure_stage``, ``verdict_basis`` and ``error`` come from one of these
+functions, whether a catalog item or a user's own test made the row: the checks gather evidence
+(tokens, the CPU's teacher-forced scores, cosines, losses, the judge's answer) and hand it here;
+nothing else decides. ``records.VERDICT_BASES`` defines each basis for the dataset card.
+
+A divergence at token 0 means a broken model, late drift means numerics
+(``shared/reference/verdicts.md``): the errors say where and by how much, so a reader can tell.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from pytest_neuron_support.verdict.embeddings import EmbeddingParity
+from pytest_neuron_support.verdict.tokens import Parity, TeacherForced
+from pytest_neuron_support.verdict.training import GRAD_NORM_RTOL, LOSS_ATOL, LOSS_RTOL, TrainParity
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What decided a row: its result, the stage that failed (None for a PASS), what decided it, and
+    the error a reader sees (None for a PASS).
+
+    Attributes:
+        result: ``PASS``, ``FAIL``, ``ERROR``, ``TIMEOUT`` (``records.RESULTS``).
+        failure_stage: the stage that failed (``records.STAGES``), None when it passed.
+        verdict_basis: the evidence that decided (``records.VERDICT_BASES``).
+        error: why it failed, None when it passed.
+    """
+
+    result: str
+    failure_stage: str | None
+    verdict_basis: str
+    error: str | None
+
+    def fields(self) -> dict[str, Any]:
+        """The row fields this decision sets (``dataclasses.replace(row, **decision.fields())``)."""
+        return asdict(self)
+
+
+def passed(basis: str) -> Decision:
+    return Decision("PASS", None, basis, None)
+
+
+def run_failed(status: str, stage: str, error: str) -> Decision:
+    """A process of the check did not finish (``ERROR``, ``TIMEOUT``): the run decides, at its stage."""
+    return Decision(status, stage, "run", error)
+
+
+def repeat_differs(first: Sequence[int], again: Sequence[int] | None, index: int | None, *, vectors: bool) -> Decision:
+    """The warm second run gave other outputs than the first (what a user gets from the NEFF cache is
+    not what the first run showed): a FAIL at ``generate`` saying where the tokens part (``index``), or,
+    for a task whose outputs are vectors (embeddings), that they differ."""
+    if vectors:
+        return Decision("FAIL", "generate", "repeat", "the second forward pass's embeddings differ from the first's")
+    second = list(again or ())
+    one = first[index] if index is not None and index < len(first) else None
+    two = second[index] if index is not None and index < len(second) else None
+    error = (
+        f"the warm second generate() differs from the first at position {index} of {len(first)} "
+        f"(first {one}, second {two})"
+    )
+    return Decision("FAIL", "generate", "repeat", error)
+
+
+def forced_error(forced: TeacherForced, n: int) -> str:
+    """What the teacher-forced CPU check found wrong with ``n`` device tokens."""
+    if forced.positions_checked == 0:
+        return "the teacher-forced CPU check scored no token (the device generated none)"
+    return (
+        f"teacher-forced CPU check: {forced.positions_disagreeing} of {forced.positions_checked} device tokens are not "
+        f"the CPU top-1; first at position {forced.first_disagreement} of {n} (device {forced.device_token}, "
+        f"CPU top-1 {forced.cpu_token}, device token ranked {forced.rank}, {forced.deficit} nats below; "
+        f"max deficit {forced.max_deficit} nats{', all near-ties' if forced.all_near_ties else ''})"
+    )
+
+
+def one_core(free: Parity, forced: TeacherForced, mode: str, n_tokens: int, n_reference: int) -> Decision:
+    """A one-core generation run: free-running parity with the CPU reference (the seed's exact parity;
+    ``near-tie`` mode also passes a first divergence that is a near-tie) and the teacher-forced check,
+    both. A FAIL at ``parity`` names every problem found."""
+    basis = "parity+teacher-forced"
+    free_ok = free.match or (mode == "near-tie" and bool(free.near_tie))
+    forced_ok = forced.passes(mode)
+    if free_ok and forced_ok:
+        return passed(basis)
+    problems = []
+    if not free_ok:
+        problems.append(
+            f"tokens differ from the CPU reference at index {free.first_divergence} of {n_reference} "
+            f"(device {free.device_token}, reference {free.reference_token}, gap {free.logprob_gap} nats"
+            f"{', a near-tie' if free.near_tie else ''})"
+        )
+    if not forced_ok:
+        problems.append(forced_error(forced, n_tokens))
+    return Decision("FAIL", "parity", basis, "; ".join(problems))
+
+
+def sharded(forced: TeacherForced | None, judged: Decision | None, mode: str, n_tokens: int) -> Decision:
+    """A sharded generation run: the teacher-forced CPU check decides; where the host could not hold the
+    model for it (``forced`` None), the fluency judge decides alone (``judged``: its failure, None when
+    it found the text fluent)."""
+    if forced is None:
+        return judged if judged is not None else passed("judge")
+    if forced.passes(mode):
+        return passed("teacher-forced")
+    return Decision("FAIL", "parity", "teacher-forced", forced_error(forced, n_tokens))
+
+
+def judge_failed(result: str, error: str) -> Decision:
+    """The judge found the text not fluent (``FAIL``), or could not run (its process's result)."""
+    return Decision(result, "judge", "judge", error)
+
+
+def embeddings(parity: EmbeddingParity) -> Decision:
+    """Every sentence's device embedding against the CPU's: PASS at or above the threshold."""
+    if parity.match:
+        return passed("cosine")
+    if parity.problem is not None:
+        error = f"embeddings cannot be compared with the CPU reference: {parity.problem}"
+    else:
+        error = (
+            f"embeddings differ from the CPU reference: min cosine {parity.min_cosine:.6f} "
+            f"(sentence {parity.worst_index}) is below the threshold {parity.threshold:g}"
+        )
+    return Decision("FAIL", "parity", "cosine", error)
+
+
+def training_error(parity: TrainParity) -> str:
+    """Which step of a training run went wrong, and by how much against its tolerance."""
+    step, what = parity.first_bad_step, parity.what
+    if what == "step count":
+        return f"training: the device ran {parity.steps_compared} step(s) comparable with the CPU's, not all of them"
+    if what == "loss not finite":
+        return f"training: the loss at step {step} is not finite ({parity.device_value})"
+    if what == "loss":
+        tolerance = f"tolerance {LOSS_ATOL} + {LOSS_RTOL} x abs(cpu)"
+    else:
+        tolerance = f"tolerance {GRAD_NORM_RTOL:.0%} of the CPU's"
+    return (
+        f"training: loss diverged at step {step}: the {what} is {parity.device_value:.6g} on the device, "
+        f"{parity.cpu_value:.6g} on CPU ({tolerance})"
+    )
+
+
+def training(parity: TrainParity, recompiles: int | None) -> Decision:
+    """PASS when every device loss is finite, each step's loss and gradient norm agree with the CPU's
+    within tolerance, and no graph was compiled after the first step; else a FAIL at ``train`` naming the
+    first step that went wrong (or the recompiles)."""
+    if not parity.match:
+        return Decision("FAIL", "train", "train-losses", training_error(parity))
+    if recompiles:
+        error = f"{recompiles} graph(s) compiled again after the first optimizer step: the shapes are not fixed"
+        return Decision("FAIL", "train", "train-losses", error)
+    return passed("train-losses")
