@@ -1,15 +1,15 @@
 """Scheduling proven at scale, by simulation: the real core ledger and the real xdist scheduler.
 
 The Selected catalog (``models.yaml``) is planned offline by the real planner (``ModelShape.from_config``
-and ``plan_cores``, what ``pipeline.plan_model`` runs once ``inspect_model`` has read a model's
+and ``plan_cores``, what ``checks.plan.plan_model`` runs once ``inspect_model`` has read a model's
 config and parameter count) from the configs in ``tests/fixtures/configs/``, for trn2 (24 GiB per
 logical core, 25% headroom, at most 16 cores). Excluded entries, entries the planner skips and
 entries without a config fixture are left out (and listed). Each remaining entry is one stand-in
 item per copy of the catalog (``--copies``, default one catalog per 16 cores of the pool, so the
-work per core is the same in every case), ordered as ``items.order_items`` orders a sweep:
+work per core is the same in every case), ordered as ``session.items.order_items`` orders a sweep:
 largest cost first, cost = cores x expected seconds.
 
-Cost model: an item holds its cores for ``pipeline.prior_seconds(plan)`` = 60 s + 25 s per GiB of
+Cost model: an item holds its cores for ``checks.plan.prior_seconds(plan)`` = 60 s + 25 s per GiB of
 weights, the planner's prior for a model never run before (``--jitter S`` multiplies each hold
 by a seeded log-normal factor exp(N(0, S)) while the order and the ledger priority keep the prior,
 as a sweep's real durations differ from its estimates). An item asks for its cores as soon as its
@@ -160,7 +160,7 @@ def plan_catalog(
 
 def workload(models: Sequence[PlannedModel], copies: int, jitter: float = 0.0, seed: int = 0) -> list[Item]:
     """``copies`` of every model, in collection order (copy by copy), then ordered as
-    ``items.order_items`` does: ``sorted(..., key=cost, reverse=True)`` (stable: ties keep
+    ``session.items.order_items`` does: ``sorted(..., key=cost, reverse=True)`` (stable: ties keep
     collection order)."""
     rng = random.Random(seed)
     items = [
@@ -732,7 +732,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     models, left_out = plan_catalog()
     print(f"catalog: {len(models)} runnable entries planned for trn2 ({TRN2_LOGICAL_CORE_BYTES // GIB} GiB per core)")
-    print("cost model: hold = pipeline.prior_seconds(plan) = 60 s + 25 s x GiB of weights; cost = cores x hold")
+    print("cost model: hold = checks.plan.prior_seconds(plan) = 60 s + 25 s x GiB of weights; cost = cores x hold")
     if args.jitter:
         print(f"  holds jittered by exp(N(0, {args.jitter})) (seed {args.seed}); order and priority keep the prior")
     print(f"  {'model':<48} {'cores':>5} {'GiB':>6} {'hold s':>7} {'cost':>7}")

@@ -93,7 +93,7 @@ class Rule:
     """One normalisation step of a message: every match of ``pattern`` becomes ``replacement``.
 
     Attributes:
-        name: what it normalises (README and the dataset card list the rules by it).
+        name: what it normalises (docs/results.md and the dataset card list the rules by it).
         pattern: the regular expression.
         replacement: what a match becomes (``re.sub`` syntax, or a function of the match).
         why: what differs there between models that hit the same cause.

@@ -58,7 +58,7 @@ class DeviceKind:
         memory_needs_pinning: evaluating ``memory_expr`` initialises the device runtime over every
             core the process can see (neuron: ``get_device_properties`` -> ``_lazy_init`` ->
             ``nrt_init``, which reserves them until the process exits). :func:`probe` then never
-            evaluates it; only ``neuron-support doctor`` check 5 does, in a process pinned to one
+            evaluates it; only ``neuron-support doctor``'s ``memory`` check does, in a process pinned to one
             core it holds. False where reading it reserves nothing (cuda).
         compile_cache_env: variable naming the compile cache directory (``--neff-cache``).
         compile_cache_per_compiler: the compile cache's keys hold no compiler version (neuron:
@@ -298,7 +298,7 @@ def probe(names: tuple[str, ...] = AUTO_ORDER, python: str = sys.executable, tim
     Running this in the pytest process would initialise the runtime there: on neuron a
     process that pins nothing reserves every core until it exits. The subprocess pins nothing
     either, so it evaluates only what initialises no runtime (:func:`probe_expressions`); a kind
-    whose memory read needs pinning reports no memory here (the doctor's check 5 reads it pinned).
+    whose memory read needs pinning reports no memory here (the doctor's ``memory`` check reads it pinned).
     """
     seen = _probe_run(probe_expressions(names), python, timeout, os.environ)
     return ProbeResult(

@@ -155,7 +155,8 @@ def add_options(parser: pytest.Parser) -> None:
         type=positive_float("--core-memory-gib", "24"),
         default=None,
         metavar="GIB",
-        help="memory of one core for planning (default: what the device reports; 24 on cpu, as a trn2 "
+        help="memory of one core for planning (default: cuda: what the device reports; neuron: LNC x 12, 24 at "
+        "the default LNC=2, since reading the device's figure would reserve every core; cpu: 24, as a trn2 "
         "logical core at LNC=2)",
     )
     group.addoption(
