@@ -24,7 +24,8 @@ def _zoo_build(args: argparse.Namespace) -> int:
     from pytest_neuron_support import zoo
 
     names = args.only or None
-    known = {a.name for a in zoo.ARCHS}
+    # The causal LMs by architecture, the text-to-image pipeline and the Whisper by their repos' names.
+    known = {a.name for a in zoo.ARCHS} | {repo.split("/")[1] for repo in (zoo.PIPELINE_REPO, zoo.WHISPER_REPO)}
     unknown = sorted(set(names or ()) - known)
     if unknown:
         print(
@@ -507,7 +508,12 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument(
         "--cache-dir", help="hub cache to install into (default: HF_HUB_CACHE or ~/.cache/huggingface/hub)"
     )
-    build.add_argument("--only", action="append", metavar="ARCH", help="build only this architecture (repeatable)")
+    build.add_argument(
+        "--only",
+        action="append",
+        metavar="ARCH",
+        help="build only this architecture, or stable-diffusion or whisper (repeatable)",
+    )
     build.set_defaults(func=_zoo_build)
     show = sub.add_parser("show", help="a model's rows across stacks")
     show.add_argument("model", help="Hub id")

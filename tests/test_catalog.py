@@ -26,6 +26,8 @@ def test_shipped_selected_catalog_is_valid_and_large_enough() -> None:
         "image-text-to-text",
         "feature-extraction",
         "sentence-similarity",
+        "text-to-image",
+        "automatic-speech-recognition",
     }
     excluded = [m for m in catalog.models if m.exclude is not None]
     assert excluded, "the catalog documents its exclusions"
@@ -44,6 +46,8 @@ def test_tiny_catalog_lists_the_zoo() -> None:
     tasks = {m.id: m.task for m in catalog.models}
     assert tasks["tiny-random/llava"] == "image-text-to-text"
     assert tasks[zoo.MINILM_REPO] == "sentence-similarity"
+    assert tasks[zoo.PIPELINE_REPO] == "text-to-image"
+    assert tasks[zoo.WHISPER_REPO] == "automatic-speech-recognition"
 
 
 def test_entry_fields_parse_into_a_frozen_spec() -> None:

@@ -348,3 +348,14 @@ def test_runscript_of_a_model_with_two_tests_lists_them_and_test_chooses(tmp_pat
     unknown = cli("runscript", "org/a", "--test", "tests/other.py::test_x", "--results-dir", str(tmp_path))
     assert unknown.returncode == 2
     assert "of test tests/other.py::test_x" in unknown.stderr and USER_TEST in unknown.stderr
+
+
+def test_zoo_build_only_takes_the_zoo_s_names_and_builds_just_those(tmp_path: Path) -> None:
+    wrong = cli("zoo", "build", "--cache-dir", str(tmp_path), "--only", "whisperr")
+    assert wrong.returncode == 2 and "unknown architecture(s) whisperr" in wrong.stderr
+    # The choices name every causal LM, the text-to-image pipeline and the Whisper.
+    assert wrong.stderr.rstrip().endswith("smollm3, stable-diffusion, whisper"), wrong.stderr
+    built = cli("zoo", "build", "--cache-dir", str(tmp_path), "--only", "whisper")
+    assert built.returncode == 0, built.stderr
+    assert "tiny zoo (1 checkpoints) installed" in built.stdout
+    assert [p.name for p in tmp_path.glob("models--*")] == ["models--tiny-random--whisper"]

@@ -106,3 +106,52 @@ def test_a_run_that_did_not_finish_is_decided_by_the_run_at_its_stage() -> None:
         "verdict_basis": "run",
         "error": "x",
     }
+
+
+def test_denoising_passes_within_tolerance_and_fails_at_the_first_step_out_of_it() -> None:
+    from pytest_neuron_support.verdict.denoising import MAX_REL_ERROR, MIN_COSINE, denoising, psnr
+
+    healthy = [{"rel_error": 0.01, "cosine": 0.9999}] * 5
+    assert decide.denoised(denoising(healthy, 5)) == decide.Decision("PASS", None, "denoise-teacher-forced", None)
+    # A step off by its size (relative error), and one pointing elsewhere (cosine): each caught alone.
+    for bad in ({"rel_error": 0.5, "cosine": 0.99998}, {"rel_error": 0.01, "cosine": 0.9}):
+        steps = [*healthy[:3], bad, healthy[4]]
+        checked = denoising(steps, 5)
+        assert checked.first_bad_step == 3 and not checked.match
+        failed = decide.denoised(checked)
+        assert (failed.result, failed.failure_stage, failed.verdict_basis) == (
+            "FAIL",
+            "parity",
+            "denoise-teacher-forced",
+        )
+        assert failed.error is not None and "step 3 of 5 is out of tolerance" in failed.error
+    edge = [{"rel_error": MAX_REL_ERROR, "cosine": MIN_COSINE}]
+    assert denoising(edge, 1).match  # the tolerances are inclusive
+    nan = denoising([{"rel_error": math.nan, "cosine": 1.0}], 1)
+    assert nan.first_bad_step == 0
+    # A CPU check that scored fewer calls than the device made is no PASS.
+    short = decide.denoised(denoising(healthy[:4], 5))
+    assert (
+        short.result == "FAIL"
+        and short.error is not None
+        and "scored 4 denoiser call(s) of the device run's 5" in short.error
+    )
+    assert decide.denoised(denoising([], 0)).result == "FAIL"
+    # PSNR of 8-bit images: identical is the cap, one value off by 255 in a 4-pixel image is 10*log10(4).
+    assert psnr([1, 2, 3, 4], [1, 2, 3, 4]) == 100.0
+    assert psnr([0, 0, 0, 0], [255, 0, 0, 0]) == round(10 * math.log10(4), 3)
+    assert psnr([1, 2], [1, 2, 3]) is None
+
+
+def test_a_pipeline_passes_placement_only_with_the_whole_model_on_the_asked_device() -> None:
+    assert decide.placement("neuron", ["neuron"], "neuron:0") is None
+    assert decide.placement("cuda:0", ["cuda"], "cuda:0") is None  # an index names the same device type
+    stayed = decide.placement("neuron", ["cpu"], "cpu")
+    assert stayed is not None
+    assert (stayed.result, stayed.failure_stage, stayed.verdict_basis) == ("FAIL", "load", "placement")
+    assert stayed.error is not None and stayed.error.startswith("the pipeline's model stayed on cpu, not on neuron")
+    # Partly offloaded (Accelerate's device_map="auto" spilling to the CPU): not on the device either.
+    split = decide.placement("cuda", ["cpu", "cuda"], "cuda:0")
+    assert split is not None and "is on cpu, cuda, not on cuda" in (split.error or "")
+    nothing = decide.placement("neuron", [], None)
+    assert nothing is not None and "no device (nothing recorded)" in (nothing.error or "")

@@ -62,6 +62,9 @@ MODELS = [
     ModelRecord("hf/vlm-other", downloads=7000, trending_score=2, pipeline_tag="image-text-to-text"),
     ModelRecord("openai/whisper-tiny", downloads=10**6, trending_score=99, pipeline_tag="automatic-speech-recognition"),
     ModelRecord(
+        "sd/tiny-diffusion", downloads=300, trending_score=40, pipeline_tag="text-to-image", library_name="diffusers"
+    ),
+    ModelRecord(
         "secret/private-gen", downloads=10**7, trending_score=1000, pipeline_tag="text-generation", private=True
     ),
 ]

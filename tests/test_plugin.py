@@ -108,9 +108,9 @@ def test_repository_root_runs_the_catalog_and_tests_apart(tmp_path: Path, offlin
         return done.stdout
 
     sweep = collect(".", "--device=cpu", "--models-file=models-tiny.yaml", f"--results-dir={tmp_path / 'out'}")
-    assert "suite: the catalog models-tiny.yaml (13 models)" in sweep, sweep
+    assert "suite: the catalog models-tiny.yaml (15 models)" in sweep, sweep
     items = [line.strip() for line in sweep.splitlines() if line.strip().startswith("<Function ")]
-    assert len(items) == 13 and all(line.startswith("<Function test_model[") for line in items), sweep
+    assert len(items) == 15 and all(line.startswith("<Function test_model[") for line in items), sweep
     assert "<Module test_" not in sweep and "<Dir tests>" not in sweep, sweep
     own = collect("tests/test_options.py")
     assert "suite: the project's own tests (tests/)" in own and "<Module test_options.py>" in own, own

@@ -73,10 +73,21 @@ def test_every_task_renders_its_loading_path() -> None:
         "image-text-to-text": ("AutoModelForImageTextToText", "vision"),
         "feature-extraction": ("AutoModel", "embedding"),
         "sentence-similarity": ("AutoModel", "embedding"),
+        "text-to-image": ("DiffusionPipeline", "text-to-image"),
+        "automatic-speech-recognition": ("AutoModelForSpeechSeq2Seq", "audio"),
     }
     assert set(TASKS) == set(TABLE) == set(expected)
     # Each task's run.py holds its own code (its fragments) and no other task's.
-    own = {"text.py": 'preprocessor(SPEC["prompt"]', "vision.py": "def fixed_image(", "embedding.py": "def pool("}
+    own = {
+        "transformers.py": "getattr(transformers, auto_class).from_pretrained(",
+        "diffusers.py": "pipeline_class.from_pretrained(",
+        "text.py": 'preprocessor(SPEC["prompt"]',
+        "vision.py": "def fixed_image(",
+        "audio.py": "def fixed_audio(",
+        "embedding.py": "def pool(",
+        "generation.py": "def run_generation(",
+        "text_to_image.py": "class DenoiserTape",
+    }
     for task in TASKS:
         source = render(spec(task=task, sentences=("a b", "c"), **TABLE[task].script_fields()))
         compile(source, "run.py", "exec")
@@ -249,6 +260,7 @@ def test_run_py_and_train_py_carry_the_one_common_code_inlined_once() -> None:
         "versions",
         "compiler_version",
         "device_fact",
+        "device_module",
         "synchronize",
         "peak_device_memory",
         "run_and_write",

@@ -20,6 +20,8 @@ from pytest_neuron_support.verdict.embeddings import DEFAULT_MIN_COSINE
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow
+#: The tasks whose rows carry greedy tokens.
+TOKEN_TASKS = ("text-generation", "image-text-to-text")
 
 
 def test_tiny_zoo_sweep_passes_every_architecture_with_four_workers_over_four_cores(
@@ -75,12 +77,12 @@ def test_tiny_zoo_sweep_passes_every_architecture_with_four_workers_over_four_co
     assert (sharded.judge_verdict == "fluent").all() and sharded.distributed_config.notna().all()
     # Every PASS rests on CPU evidence, sharded ones too; the judge's verdict is kept beside it.
     rows = df.set_index("model_id")
-    single = rows[(rows.neuron_cores == 1) & (rows.task != "sentence-similarity")]
+    single = rows[(rows.neuron_cores == 1) & rows.task.isin(TOKEN_TASKS)]
     assert (single.verdict_basis == "parity+teacher-forced").all() and (single.reference_match == True).all()  # noqa: E712
     assert (rows[rows.neuron_cores > 1].verdict_basis == "teacher-forced").all()
     assert (rows[rows.neuron_cores > 1].cpu_check == "ran").all()
     assert rows.loc[zoo.MINILM_REPO, "verdict_basis"] == "cosine"
-    generation = rows[rows.task != "sentence-similarity"]
+    generation = rows[rows.task.isin(TOKEN_TASKS)]
     assert (generation.positions_checked == 32).all() and (generation.positions_disagreeing == 0).all()
     assert (generation.max_logprob_deficit == 0).all() and generation.first_disagreement.isna().all()
     assert (rows.repeat_identical == True).all()  # noqa: E712  (the warm run was checked, and agreed)
@@ -100,7 +102,7 @@ def test_tiny_zoo_sweep_passes_every_architecture_with_four_workers_over_four_co
     assert device["environment"] == {"TORCH_DEVICE_BACKEND_AUTOLOAD": None}
     assert (df.compile_s > 0).all() and (df.load_s > 0).all() and (df.run_s > df.first_generate_s).all()
     # The warm run's split: its first token within it, and 31 more decoded at a measured rate.
-    warm = df[df.task != "sentence-similarity"]
+    warm = df[df.task.isin(TOKEN_TASKS)]
     assert (warm.time_to_first_token_s > 0).all() and (warm.time_to_first_token_s < warm.generate_s).all()
     assert (warm.decode_tokens_per_s > 0).all()
     # The rate is exactly the 31 tokens after the first over the span from the first to the last (the
@@ -115,9 +117,11 @@ def test_tiny_zoo_sweep_passes_every_architecture_with_four_workers_over_four_co
         assert run["decode_tokens_per_s"] * run["decode_s"] == pytest.approx(31), model_id
         assert rate == pytest.approx(run["decode_tokens_per_s"], abs=1e-3), model_id
         assert ttft + run["decode_s"] <= warm_s + 0.002, (model_id, ttft, run["decode_s"], warm_s)
-    # Every task of the catalog: text, a vision-language model, and a real sentence-embedding model.
-    assert set(df.task) == {"text-generation", "image-text-to-text", "sentence-similarity"}
-    generated = df[df.task != "sentence-similarity"]
+    # Every task of the catalog: text, a vision-language model, a real sentence-embedding model, a
+    # text-to-image pipeline and a speech recognition model.
+    tasks = {"text-generation", "image-text-to-text", "sentence-similarity", "text-to-image"}
+    assert set(df.task) == {*tasks, "automatic-speech-recognition"}
+    generated = df[df.task.isin(TOKEN_TASKS)]
     assert (generated.tokens.map(len) == 32).all()
     # Only one-core runs have a free-running reference to match a prefix against.
     assert (generated[generated.neuron_cores == 1].matched_prefix == 32).all()
@@ -131,6 +135,12 @@ def test_tiny_zoo_sweep_passes_every_architecture_with_four_workers_over_four_co
     # Each run.py holds its task's own code: static-cache generation for the generation tasks only.
     assert generated.runscript.str.contains('"cache_implementation": "static"').all()
     assert not embedded.runscript.str.contains("cache_implementation").any()
+    pictured = rows.loc[zoo.PIPELINE_REPO]
+    assert (pictured.verdict_basis, pictured.cpu_check) == ("denoise-teacher-forced", "ran")
+    assert pictured.denoise_steps_checked >= 4 and pictured.image_psnr > 20 and len(pictured.tokens) == 0
+    assert (pytester.path / "out" / pictured.image).is_file() and (
+        pytester.path / "out" / pictured.reference_image
+    ).is_file()
     # That the stored run.py is the one that ran is checked by running it again: see
     # test_parity_failure_and_load_error_are_rows_and_the_sweep_goes_on.
 

@@ -202,7 +202,7 @@ def test_the_catalog_checks_field() -> None:
     # Kept in the table's order whatever order the entry lists them in.
     assert parse_catalog(entry("[train, inference]"), "m.yaml").models[0].checks == ("inference", "train")
     cases = {
-        "[train, fly]": "field 'checks': unknown check (got 'fly'); use one of inference, train",
+        "[train, fly]": "field 'checks': unknown check (got 'fly'); use one of inference, pipeline, train",
         "train": "field 'checks': must be a non-empty list of checks (got 'train')",
         "[]": "field 'checks': must be a non-empty list of checks",
         "[train, train]": "field 'checks': lists a check twice",
@@ -239,7 +239,7 @@ def test_item_names_tell_the_checks_apart() -> None:
 
 
 def test_a_models_two_checks_are_two_rows(tmp_path: Path) -> None:
-    assert SCHEMA_VERSION == 8 and "train" in STAGES and "train-losses" in VERDICT_BASES
+    assert SCHEMA_VERSION == 9 and "train" in STAGES and "train-losses" in VERDICT_BASES
     assert COLUMN_TYPES["train_losses"] == "list<double>"
     inference = Row(model_id="org/a", result="PASS", library_version="5", timestamp="1")
     train = Row(

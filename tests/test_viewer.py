@@ -27,6 +27,7 @@ from hubserver import HubServer, ModelRecord
 
 from pytest_neuron_support.data.dataset import DATA_DIR, write_rows
 from pytest_neuron_support.data.records import COLUMN_TYPES, Row
+from pytest_neuron_support.tasks.table import RANKED_TASKS
 from pytest_neuron_support.viewer import report as viewer
 
 REPO = Path(__file__).resolve().parent.parent
@@ -192,9 +193,7 @@ def site(dataset: Path) -> Path:
         # The token did leave the report for the Hub (so a page without it is one that kept it out).
         assert {r.authorization_sha256 for r in listings} == {BEARER}, "the report sent the Hub no token"
         assert sorted((r.param("pipeline_tag"), r.param("sort")) for r in listings) == sorted(
-            (task, sort)
-            for task in ("text-generation", "image-text-to-text")
-            for sort in ("trendingScore", "downloads")
+            (task, sort) for task in RANKED_TASKS for sort in ("trendingScore", "downloads")
         )
     assert done.returncode == 0, done.stderr
     assert "Hub rankings unavailable" not in done.stdout
@@ -805,3 +804,52 @@ def test_the_check_filter_tells_a_models_training_row_from_its_inference_row(bro
     assert wait_for(lambda: table(browser) == {"org/alpha-1b": "FAIL"})
     Select(browser.find_element(By.ID, "check")).select_by_value("inference")
     assert wait_for(lambda: table(browser) == {"org/alpha-1b": "PASS"})
+
+
+def test_a_text_to_image_row_shows_the_device_and_cpu_images_side_by_side(browser: Any, tmp_path: Path) -> None:
+    # Real PNGs where a text-to-image row names them; the report embeds them in the one page, which shows
+    # them in the row's details (checked decoded by the browser itself).
+    from PIL import Image
+    from selenium.webdriver.common.by import By
+
+    results = tmp_path / "results"
+    runs = results / "runs" / "org--sd" / "cpu"
+    colours = {"device": (200, 30, 30), "reference": (30, 30, 200)}
+    for folder, colour in colours.items():
+        (runs / folder).mkdir(parents=True)
+        Image.new("RGB", (8, 8), colour).save(runs / folder / "image.png")
+    row = Row(
+        model_id="org/sd",
+        result="PASS",
+        task="text-to-image",
+        device="cpu",
+        verdict_basis="denoise-teacher-forced",
+        image="runs/org--sd/cpu/device/image.png",
+        reference_image="runs/org--sd/cpu/reference/image.png",
+        image_psnr=31.5,
+    )
+    gone = Row(model_id="org/gone", result="PASS", task="text-to-image", device="cpu", image="runs/nowhere.png")
+    write_rows(results, [row, gone])
+    site = tmp_path / "site"
+    done = cli("report", "--results-dir", str(results), "--out", str(site), "--no-hub")
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in site.iterdir()) == ["README.md", "index.html"]  # still one page
+    browser.get((site / "index.html").as_uri())
+    assert wait_for(lambda: browser.execute_script("return document.body.dataset.ready") == "true")
+    browser.find_element(By.CSS_SELECTOR, "button.model[data-model='org/sd']").click()
+    images = wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#detail figure.image img"))
+    assert [img.get_attribute("alt") for img in images] == ["device (cpu)", "CPU reference"]
+    assert wait_for(lambda: all(browser.execute_script("return arguments[0].naturalWidth", i) == 8 for i in images))
+    # Each shows its own file: the device's red, the reference's blue (the browser's own decoding).
+    red = browser.execute_script(
+        "const c = document.createElement('canvas'); c.width = c.height = 1; const x = c.getContext('2d');"
+        "x.drawImage(arguments[0], 0, 0, 1, 1); return Array.from(x.getImageData(0, 0, 1, 1).data.slice(0, 3));",
+        images[0],
+    )
+    assert red == list(colours["device"])
+    assert "Images: device and CPU (PSNR 31.5 dB)" in browser.find_element(By.ID, "detail").text
+    # A row whose image is gone shows none, and the page says so instead of a broken picture.
+    browser.find_element(By.ID, "detail-close").click()
+    browser.find_element(By.CSS_SELECTOR, "button.model[data-model='org/gone']").click()
+    assert wait_for(lambda: "org/gone" in browser.find_element(By.ID, "detail").text)
+    assert browser.find_elements(By.CSS_SELECTOR, "#detail figure.image img") == []

@@ -90,8 +90,25 @@ def test_models_tiny_yaml_lists_the_zoo_with_the_zoo_prompt() -> None:
     assert list(data) == ["judge", "models"]
     assert data["judge"] == {"model": zoo.JUDGE_REPO}  # sharded entries are judged offline
     entries = data["models"]
-    # The zoo, then the one real trained model installed beside it (an embedding model: no prompt).
-    assert [e["id"] for e in entries] == [a.repo_id for a in zoo.ARCHS] + [zoo.MINILM_REPO]
+    # The zoo's causal LMs, the one real trained model installed beside them (an embedding model: no
+    # prompt), then the tiny text-to-image pipeline and the tiny Whisper (they take no prompt either).
+    assert [e["id"] for e in entries] == [
+        *(a.repo_id for a in zoo.ARCHS),
+        zoo.MINILM_REPO,
+        zoo.PIPELINE_REPO,
+        zoo.WHISPER_REPO,
+    ]
+    speech, image = entries.pop(), entries.pop()
+    assert speech == {
+        "id": zoo.WHISPER_REPO,
+        "task": "automatic-speech-recognition",
+        "tags": ["whisper", "encoder-decoder", "speech"],
+    }
+    assert image == {
+        "id": zoo.PIPELINE_REPO,
+        "task": "text-to-image",
+        "tags": ["stable-diffusion", "unet", "diffusion"],
+    }
     real = entries.pop()
     assert real == {
         "id": zoo.MINILM_REPO,
@@ -424,7 +441,13 @@ def test_rebuild_is_skipped_when_installed(tiny_zoo_cache: Path) -> None:
     before = {repo: (ref.read_text(), ref.stat().st_mtime_ns) for repo, ref in refs.items()}
     logs: list[str] = []
     built = zoo.build_zoo(tiny_zoo_cache, log=logs.append)
-    assert built == [*(a.repo_id for a in zoo.ARCHS), zoo.JUDGE_REPO, zoo.MINILM_REPO]
+    assert built == [
+        *(a.repo_id for a in zoo.ARCHS),
+        zoo.JUDGE_REPO,
+        zoo.PIPELINE_REPO,
+        zoo.WHISPER_REPO,
+        zoo.MINILM_REPO,
+    ]
     assert len(logs) == len(zoo.ARCHS) and all("skipping" in line for line in logs)
     assert {repo: (ref.read_text(), ref.stat().st_mtime_ns) for repo, ref in refs.items()} == before
 

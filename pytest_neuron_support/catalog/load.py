@@ -275,9 +275,9 @@ def _parse_entry(node: yaml.Node, shown: str) -> ModelSpec:
     if prompt is not None and not TASK_TABLE[task].takes_prompt:
         raise err(
             "prompt",
-            f"a {task} entry takes no prompt: it embeds a fixed set of sentences",
+            f"a {task} entry takes no prompt: {TASK_TABLE[task].fixed_input}",
             prompt,
-            "drop the field (docs/tasks.md lists the sentences)",
+            "drop the field (docs/tasks.md says what it is fed)",
         )
     min_cosine = _parse_min_cosine(raw, task, err)
     timeout = raw.get("timeout", (None, line))[0]

@@ -11,6 +11,7 @@ from types import MappingProxyType
 from pytest_neuron_support.base.model import ModelSpec
 from pytest_neuron_support.checks.inference import InferenceCheck
 from pytest_neuron_support.checks.kind import CheckKind
+from pytest_neuron_support.checks.pipeline import PipelineCheck
 from pytest_neuron_support.checks.training import TrainingCheck
 from pytest_neuron_support.data.records import Row
 from pytest_neuron_support.tasks.table import task_of
@@ -18,7 +19,9 @@ from pytest_neuron_support.tasks.table import task_of
 #: The kind every row is by default (a user's ``neuron_run`` and ``neuron_reference`` are its parts).
 INFERENCE = InferenceCheck()
 #: Every kind of check, by the name a row's ``check`` holds; in this order an entry's items are made.
-KINDS: Mapping[str, CheckKind] = MappingProxyType({kind.name: kind for kind in (INFERENCE, TrainingCheck())})
+KINDS: Mapping[str, CheckKind] = MappingProxyType(
+    {kind.name: kind for kind in (INFERENCE, PipelineCheck(), TrainingCheck())}
+)
 #: Their names: what ``checks:`` and ``--check`` accept.
 CHECKS: tuple[str, ...] = tuple(KINDS)
 

@@ -8,7 +8,7 @@ exactly the device's tokens (its own pass already scored them).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -107,7 +107,11 @@ def forced_check(
     return ForcedCheck(teacher_forced(checked["forced"], device_top), "ran", wall_s)
 
 
-def forced_spec(reference: RunSpec, tokens: tuple[int, ...]) -> RunSpec:
+def forced_spec(reference: RunSpec, tokens: tuple[int, ...], prefix: Sequence[int] | None = None) -> RunSpec:
     """The teacher-forced CPU check's run.py: the reference's spec (CPU, eager, the reference dtype, the
-    same inputs) scoring ``tokens`` instead of generating."""
-    return replace(reference, forced_tokens=tokens, score_own_tokens=False)
+    same inputs) scoring ``tokens`` instead of generating; an encoder-decoder's after the device run's own
+    decoder prompt (``prefix``)."""
+    spec = replace(reference, forced_tokens=tokens, score_own_tokens=False)
+    if prefix is None:
+        return spec
+    return replace(spec, task_options={**spec.task_options, "forced_prefix": [int(t) for t in prefix]})

@@ -594,3 +594,21 @@ def safetensors_parameters(
             total += weights
             experts += weights if is_expert(name) else 0
     return total, experts
+
+
+def repo_files(repo_id: str, *, revision: str | None) -> list[str]:
+    """Every file of ``repo_id`` at ``revision``, as the model's info lists them (its ``siblings``: the
+    planner's question for a repository whose weights are in several folders, a diffusers pipeline's)."""
+    from huggingface_hub import HfApi
+
+    info = HfApi().model_info(repo_id, revision=revision)
+    return [sibling.rfilename for sibling in info.siblings or ()]
+
+
+def safetensors_file_parameters(repo_id: str, filename: str, *, revision: str | None) -> int:
+    """The elements of every tensor of one safetensors file of ``repo_id``, from its header as the Hub's
+    API reads it (a range request; no weights)."""
+    from huggingface_hub import HfApi
+
+    metadata = HfApi().parse_safetensors_file_metadata(repo_id, filename, revision=revision)
+    return sum(int(count) for count in metadata.parameter_count.values())

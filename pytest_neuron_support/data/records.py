@@ -17,7 +17,7 @@ from typing import Any
 from pytest_neuron_support.data.signatures import MAX_MESSAGE, signature
 from pytest_neuron_support.verdict.training import GRAD_NORM_RTOL, LOSS_ATOL, LOSS_RTOL
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 
 #: Every value of the ``result`` column and exactly what it means.
 RESULTS: Mapping[str, str] = {
@@ -28,7 +28,9 @@ RESULTS: Mapping[str, str] = {
         "one core: every greedy token equals a free-running CPU run's and is the CPU model's top-1 under the "
         "device's own prefix (teacher-forced); sharded: every device token is the CPU top-1 teacher-forced; "
         "--parity near-tie also accepts disagreements that are near-ties; image-text-to-text: the same image "
-        "too; embedding tasks: every sentence's device embedding has cosine >= cosine_threshold with the CPU one. "
+        "too; embedding tasks: every sentence's device embedding has cosine >= cosine_threshold with the CPU one; "
+        "text-to-image: the warm call repeated the first image and every denoising step's noise prediction, under "
+        "the device's own latent, is within tolerance of the CPU denoiser's. "
         "A PASS whose fallback_ops is not empty ran those operations on the host, not the device: it is "
         "flagged wherever results are shown. "
         "Only where the host could not hold the model for the CPU check (verdict_basis 'judge') does a "
@@ -38,7 +40,8 @@ RESULTS: Mapping[str, str] = {
     "FAIL": (
         "The run finished but its output is wrong: stage 'parity' (tokens differ from the CPU reference or "
         "are not the CPU top-1 teacher-forced; see first_divergence, first_disagreement, disagreement_deficit), "
-        "'generate' (the warm second generate() differs from the first; see repeat_divergence) or 'judge' "
+        "'generate' (the warm second generate() differs from the first; see repeat_divergence; text-to-image: the "
+        "warm image differs) or 'judge' "
         "(only when the judge decided alone: a sharded run's text was judged not fluent)."
     ),
     "ERROR": (
@@ -59,14 +62,15 @@ RESULTS: Mapping[str, str] = {
 STAGES: Mapping[str, str] = {
     "plan": "choosing cores before anything runs (needs more cores than allowed, cannot shard: SKIPPED; "
     "config or size unreadable: ERROR, set cores: N in the entry)",
-    "load": "from_pretrained onto the device (download, config, weights, placement)",
+    "load": "from_pretrained onto the device (download, config, weights, placement); the pipeline check: "
+    "transformers.pipeline, and a model it left off the device (FAIL, basis placement)",
     "compile": "first generate() (embedding tasks: first forward pass): graph capture and compilation, "
     "or no graph compiled at all",
     "generate": "second generate() (embedding tasks: second forward pass) and reading outputs back; a FAIL "
     "here means the warm run's tokens differ from the first run's",
     "reference": "a CPU run of the same checkpoint: the free-running reference or the teacher-forced check",
     "parity": "comparing device tokens with the CPU (free-running and teacher-forced; embedding tasks: a cosine "
-    "below the threshold)",
+    "below the threshold; text-to-image: a denoising step's noise prediction out of tolerance)",
     "judge": "the fluency judge of a sharded run (decides only when the CPU check could not run)",
     "train": "the training check (check = train): the Trainer's set-up and the optimizer steps after the first "
     "(ERROR), or the per-step losses and gradient norms disagree with the same steps on CPU, a loss is not finite, "
@@ -92,11 +96,21 @@ VERDICT_BASES: Mapping[str, str] = {
         "model): the fluency judge decided alone"
     ),
     "cosine": "embedding tasks: every sentence's cosine with the CPU embedding against cosine_threshold",
+    "denoise-teacher-forced": (
+        "text-to-image: the same pipeline call on CPU with each denoising step's latent replaced by the device's, so "
+        "every step's noise prediction is compared under the device's own trajectory: relative error and cosine "
+        "within tolerance at every step (denoise_first_bad_step names the first that is not)"
+    ),
     "train-losses": (
         "the training check: the device's per-step losses and gradient norms against the same steps of the same "
         "train.py on CPU (eager, same data and seed): every loss finite, abs(device - cpu) <= "
         f"{LOSS_ATOL} + {LOSS_RTOL} x abs(cpu) per step, gradient norms within {GRAD_NORM_RTOL:.0%}, and no graph "
         "compiled again after the first step"
+    ),
+    "placement": (
+        "the pipeline check: where transformers.pipeline(task, model=id, device=<device>) put the model, read right "
+        "after loading (model_devices); a model not wholly on the session's device FAILs at load and is not run (a "
+        "pipeline that silently keeps it on CPU would otherwise pass on the CPU's numbers)"
     ),
     "repeat": "the warm second generate() (or forward) differed from the first: a FAIL at stage generate",
     "run": "the run did not finish (ERROR or TIMEOUT): the exception, signal or timeout decided",
@@ -186,9 +200,10 @@ class Row:
     check: str = field(
         default="inference",
         metadata=_doc(
-            "which check made the row: inference (run.py: compiled greedy generation against the CPU) or train "
-            "(train.py: a few Trainer optimizer steps against the same steps on CPU); a model checked both ways "
-            "has one row of each",
+            "which check made the row: inference (run.py: the task's direct path, from_pretrained(device_map=...), "
+            "against the CPU), pipeline (run.py through transformers.pipeline(task, model=id, device=...), against "
+            "the direct path's CPU reference) or train (train.py: a few Trainer optimizer steps against the same "
+            "steps on CPU); a model checked several ways has one row of each",
             label="Check",
         ),
     )
@@ -425,6 +440,69 @@ class Row:
     )
     cosine_threshold: float | None = field(
         default=None, metadata=_doc("embedding tasks: the cosine every sentence must reach to PASS")
+    )
+    denoise_steps_checked: int | None = field(
+        default=None,
+        metadata=_doc(
+            "text-to-image: denoiser calls the teacher-forced denoising check compared (the device's latent at "
+            "each step through the CPU denoiser)"
+        ),
+    )
+    denoise_rel_errors: tuple[float, ...] = field(
+        default=(),
+        metadata=_doc("text-to-image: each step's relative error of the noise prediction, |device - cpu| / |cpu|"),
+    )
+    denoise_cosines: tuple[float, ...] = field(
+        default=(), metadata=_doc("text-to-image: each step's cosine of the device's and the CPU's noise predictions")
+    )
+    denoise_first_bad_step: int | None = field(
+        default=None, metadata=_doc("text-to-image: the first denoising step (0-based) out of tolerance, else null")
+    )
+    denoise_max_rel_error: float | None = field(
+        default=None, metadata=_doc("text-to-image: the largest per-step relative error of the noise prediction")
+    )
+    denoise_min_cosine: float | None = field(
+        default=None, metadata=_doc("text-to-image: the smallest per-step cosine of the noise predictions")
+    )
+    denoise_step_s: float | None = field(
+        default=None, metadata=_doc("text-to-image: mean seconds of one denoising step in the warm pipeline call")
+    )
+    image_psnr: float | None = field(
+        default=None,
+        metadata=_doc(
+            "text-to-image: PSNR in dB of the device's final image against the free-running CPU run's from the same "
+            "seed (100 = identical); evidence, not the verdict"
+        ),
+    )
+    image: str | None = field(
+        default=None,
+        metadata=_doc(
+            "text-to-image: the device's final image, a PNG in the run folder's device/ (runs/<model>/<device>/)"
+        ),
+    )
+    reference_image: str | None = field(
+        default=None,
+        metadata=_doc("text-to-image: the CPU reference's final image, a PNG in the run folder's reference/"),
+    )
+    pipeline_class: str | None = field(
+        default=None, metadata=_doc("check = pipeline: the pipeline class transformers.pipeline built")
+    )
+    pipeline_device: str | None = field(
+        default=None, metadata=_doc("check = pipeline: the pipeline's own device (its .device) after loading")
+    )
+    model_devices: tuple[str, ...] = field(
+        default=(),
+        metadata=_doc(
+            "check = pipeline: the device types holding the model's parameters and buffers right after the pipeline "
+            "loaded it; anything but the session's device alone is a FAIL at load (basis placement)"
+        ),
+    )
+    pipeline_text: str | None = field(
+        default=None,
+        metadata=_doc(
+            "check = pipeline: the text the pipeline itself returned (its generated_text or text); tokens and text are "
+            "read from its generate() call"
+        ),
     )
     near_tie: bool | None = field(
         default=None,

@@ -71,7 +71,7 @@ _KV_HEAD_KEYS: tuple[str, ...] = ("num_key_value_heads", "n_kv_heads", "num_kv_h
 _MAX_HEADER_BYTES = 100_000_000
 
 
-def _unreachable(exc: BaseException) -> bool:
+def is_unreachable(exc: BaseException) -> bool:
     """True when the Hub could not be reached at all (refused, no route, DNS, timeout)."""
     seen: BaseException | None = exc
     while seen is not None:
@@ -600,7 +600,7 @@ def inspect_model(model: ModelSpec, *, local_only: bool = False) -> ModelShape:
     if cached is not None:
         return _shape(model, config, cached, "hub cache")
     if local_only:
-        raise PlanningError(f"cannot inspect {_label(model)}: no parameter count; tried {'; '.join(tried)}")
+        raise PlanningError(f"cannot inspect {label(model)}: no parameter count; tried {'; '.join(tried)}")
     return _shape(model, config, _api_parameters(model, tried), "hub api")
 
 
@@ -746,11 +746,11 @@ def _gib(nbytes: float) -> str:
     return f"{nbytes / GIB:.1f}"
 
 
-def _label(model: ModelSpec) -> str:
+def label(model: ModelSpec) -> str:
     return model.id if model.source == "local" else f"{model.id} (revision {model.revision})"
 
 
-def _brief(exc: BaseException) -> str:
+def brief(exc: BaseException) -> str:
     """First line of an exception: hub errors carry multi-line help that would swamp a skip message."""
     lines = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {lines[0] if lines else ''}".rstrip(": ")
@@ -761,18 +761,18 @@ def _shape(model: ModelSpec, config: Mapping[str, Any], counts: tuple[int, int],
     try:
         return ModelShape.from_config(config, counts[0], source, expert_parameters=counts[1], cache=config_cache_dir())
     except PlanningError as exc:
-        raise PlanningError(f"cannot inspect {_label(model)}: {exc}") from exc
+        raise PlanningError(f"cannot inspect {label(model)}: {exc}") from exc
 
 
 def _read_config_file(path: Path, model: ModelSpec) -> dict[str, Any]:
     try:
         config = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise PlanningError(f"cannot inspect {_label(model)}: no config.json at {path}") from None
+        raise PlanningError(f"cannot inspect {label(model)}: no config.json at {path}") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise PlanningError(f"cannot inspect {_label(model)}: cannot read {path}: {exc}") from exc
+        raise PlanningError(f"cannot inspect {label(model)}: cannot read {path}: {exc}") from exc
     if not isinstance(config, dict):
-        raise PlanningError(f"cannot inspect {_label(model)}: {path} is not a JSON object")
+        raise PlanningError(f"cannot inspect {label(model)}: {path} is not a JSON object")
     return config
 
 
@@ -785,7 +785,7 @@ def _local_parameters(directory: Path, model: ModelSpec) -> tuple[int, int]:
         missing = [name for name in shards if not (directory / name).is_file()]
         if missing:
             raise PlanningError(
-                f"cannot inspect {_label(model)}: {index.name} names shards missing from {directory}: "
+                f"cannot inspect {label(model)}: {index.name} names shards missing from {directory}: "
                 f"{', '.join(missing)}"
             )
         paths = [directory / name for name in shards]
@@ -793,13 +793,13 @@ def _local_parameters(directory: Path, model: ModelSpec) -> tuple[int, int]:
         paths = sorted(directory.glob("*.safetensors"))
     if not paths:
         raise PlanningError(
-            f"cannot inspect {_label(model)}: no *.safetensors files in {directory} to count parameters "
+            f"cannot inspect {label(model)}: no *.safetensors files in {directory} to count parameters "
             "(other weight formats are not inspected)"
         )
     try:
         return count_safetensors_split(paths)
     except PlanningError as exc:
-        raise PlanningError(f"cannot inspect {_label(model)}: {exc}") from exc
+        raise PlanningError(f"cannot inspect {label(model)}: {exc}") from exc
 
 
 def _index_shards(index: Path, model: ModelSpec) -> list[str]:
@@ -807,7 +807,7 @@ def _index_shards(index: Path, model: ModelSpec) -> list[str]:
         weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
         shards = sorted({str(name) for name in weight_map.values()})
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
-        raise PlanningError(f"cannot inspect {_label(model)}: unreadable {index}: {exc!r}") from exc
+        raise PlanningError(f"cannot inspect {label(model)}: unreadable {index}: {exc!r}") from exc
     return shards
 
 
@@ -818,10 +818,10 @@ def _hub_config_path(model: ModelSpec, local_only: bool = False) -> Path:
     # found, gated, HTTP, OS errors); each means the same thing to the planner.
     except Exception as exc:
         error = PlanningError(
-            f"cannot inspect {_label(model)}: config.json is neither in the Hugging Face cache nor "
-            f"downloadable: {_brief(exc)}"
+            f"cannot inspect {label(model)}: config.json is neither in the Hugging Face cache nor "
+            f"downloadable: {brief(exc)}"
         )
-        error.unreachable = _unreachable(exc)
+        error.unreachable = is_unreachable(exc)
         raise error from exc
     return path
 
@@ -851,7 +851,7 @@ def _cached_parameters(model: ModelSpec, tried: list[str]) -> tuple[int, int] | 
     # A corrupt cache entry or an unusable cache directory must not stop planning while the Hub
     # API can still answer; what went wrong is kept for the final error message.
     except Exception as exc:
-        tried.append(f"hub cache: {_brief(exc)}")
+        tried.append(f"hub cache: {brief(exc)}")
         return None
     tried.append("hub cache: neither model.safetensors.index.json nor model.safetensors is cached")
     return None
@@ -864,5 +864,5 @@ def _api_parameters(model: ModelSpec, tried: list[str]) -> tuple[int, int]:
         )
     # Offline mode, not a safetensors repo, gated, not found, network: all leave no count.
     except Exception as exc:
-        tried.append(f"hub api get_safetensors_metadata: {_brief(exc)}")
-    raise PlanningError(f"cannot inspect {_label(model)}: no parameter count; tried {'; '.join(tried)}")
+        tried.append(f"hub api get_safetensors_metadata: {brief(exc)}")
+    raise PlanningError(f"cannot inspect {label(model)}: no parameter count; tried {'; '.join(tried)}")

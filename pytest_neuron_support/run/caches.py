@@ -45,6 +45,7 @@ def reference_key(spec: RunSpec, stack: Stack) -> str:
         "image_size": list(spec.image_size),
         "forced_tokens": None if spec.forced_tokens is None else list(spec.forced_tokens),
         "score_own_tokens": spec.score_own_tokens,
+        "task_options": dict(spec.task_options),
         "torch": stack.torch,
         "transformers": stack.library_version,
     }

@@ -67,6 +67,8 @@ class RunSpec:
         inputs: how run.py feeds the model (the task's ``inputs``: ``text``, ``vision``, ``embedding``).
         fragments: the task's run.py code, files of ``templates/tasks/`` spliced into run.py in this
             order (not written into ``SPEC``: they are the script's code).
+        task_options: the task's own settings (a text-to-image run's steps, size, guidance and seed; the
+            device run's recording a teacher-forced check replays), written into ``SPEC["task_options"]``.
     """
 
     model: str
@@ -90,7 +92,8 @@ class RunSpec:
     # The default row of the task table (tasks.task.Task): a causal LM generating text.
     auto_class: str = "AutoModelForCausalLM"
     inputs: str = "text"
-    fragments: tuple[str, ...] = ("text.py", "generation.py")
+    fragments: tuple[str, ...] = ("transformers.py", "text.py", "generation.py")
+    task_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     def to_spec(self) -> dict[str, Any]:
         spec = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "fragments"}
@@ -99,6 +102,7 @@ class RunSpec:
         spec["sentences"] = list(self.sentences)
         spec["image_size"] = list(self.image_size)
         spec["forced_tokens"] = None if self.forced_tokens is None else list(self.forced_tokens)
+        spec["task_options"] = dict(self.task_options)
         return spec
 
 

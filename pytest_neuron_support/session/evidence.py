@@ -32,6 +32,7 @@ FIXTURES: tuple[str, ...] = (
     "neuron_reference",
     "neuron_judge",
     "neuron_check",
+    "neuron_pipeline_check",
     "neuron_train_check",
 )
 #: Characters of a failed test's exception kept in its row.

@@ -4,9 +4,9 @@ A test composes what it needs: ``neuron_cores`` (an exclusive lease, and the env
 a child process to it), ``neuron_model`` (the spec, from ``@pytest.mark.neuron_model``),
 ``neuron_plan``, ``neuron_run`` (run.py on the device under the lease), ``neuron_reference`` (the
 same spec on CPU, cached), ``neuron_judge``, and a whole check of a kind (``neuron_check``,
-``neuron_train_check``: one fixture per kind of ``checks.registry.KINDS``). What the fixtures saw is
-kept in the item's stash (:mod:`.evidence`), and the test's report carries one row built from it
-(:mod:`.reporting`), with the test's node id in the ``test`` column and its outcome as the result.
+``neuron_pipeline_check``, ``neuron_train_check``: one fixture per kind of ``checks.registry.KINDS``).
+What the fixtures saw is kept in the item's stash (:mod:`.evidence`), and the test's report carries one
+row built from it (:mod:`.reporting`), with the test's node id in the ``test`` column and its outcome as the result.
 
 A session that collects no catalog resolves its settings only when a fixture first needs them (a
 plain ``pytest`` run where the plugin is installed probes nothing and writes nothing); the
@@ -461,6 +461,21 @@ def neuron_check(request: pytest.FixtureRequest, neuron_model: ModelSpec, neuron
     here (more cores than the pool) skips the test, SKIPPED at stage ``plan``.
     """
     return _check(request, neuron_model, neuron_plan, KINDS["inference"])
+
+
+@pytest.fixture
+def neuron_pipeline_check(request: pytest.FixtureRequest, neuron_model: ModelSpec, neuron_plan: Plan) -> ModelCheck:
+    """The pipeline check of the test's model (a ``ModelCheck``, its row's ``check`` is ``pipeline``), as a
+    catalog ``test_pipeline`` item runs it.
+
+    run.py loads the model with ``transformers.pipeline(<task>, model=<id>, device=<device>)`` and calls the
+    pipeline twice with the direct path's generation settings. The row FAILs at ``load`` (basis
+    ``placement``) when the pipeline left the model anywhere but on the device, and is otherwise decided as
+    the inference check's is: its tokens against the direct path's free-running CPU reference (exact
+    parity: ``reference_match`` says whether the two paths agree) and the teacher-forced CPU check. A model
+    whose plan needs more than one core is SKIPPED at ``plan``: a pipeline runs in one process.
+    """
+    return _check(request, neuron_model, neuron_plan, KINDS["pipeline"])
 
 
 @pytest.fixture

@@ -6,12 +6,13 @@ inference check), its id the Hub id (``models.yaml::test_model[Qwen/Qwen3-0.6B]`
 selects by id and by the entry's tags; an entry that asks for the training check (``checks: [...,
 train]``, or ``--check train``) is also an item of :func:`test_training`
 (``models.yaml::test_training[Qwen/Qwen3-0.6B]``: ``-k training`` selects those, ``-k "not training"``
-the rest). Each test is its kind's (``checks.registry.KINDS``: a kind names its test and its fixture).
+the rest), and one that asks for the pipeline check (``checks: [..., pipeline]``) an item of
+:func:`test_pipeline`. Each test is its kind's (``checks.registry.KINDS``: a kind names its test and its fixture).
 The item's fixtures do what a user's own test would compose: ``neuron_model`` (the entry; an excluded
 one is skipped with its reason), ``neuron_plan`` (the plan the controller made), and the kind's fixture
-(``neuron_check``, ``neuron_train_check``), which leases the plan's cores, runs the check on the device
-and the CPU and returns the row. The verdict is the plain ``assert`` below; when it fails, pytest shows
-the evidence (matched prefix, first divergence, both tokens, their gap: :mod:`.explain`).
+(``neuron_check``, ``neuron_pipeline_check``, ``neuron_train_check``), which leases the plan's cores,
+runs the check on the device and the CPU and returns the row. The verdict is the plain ``assert`` below;
+when it fails, pytest shows the evidence (matched prefix, first divergence, both tokens, their gap: :mod:`.explain`).
 
 This module is collected by :class:`.items.CatalogFile` from the catalog file itself; it is not a
 file pytest finds on its own, so the plugin works wherever it is installed.
@@ -41,6 +42,12 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 def test_model(neuron_check: ModelCheck) -> None:
     """Does this Hub model run unmodified on the device? PASS when the device's output is the CPU's."""
     assert neuron_check.result == "PASS"
+
+
+def test_pipeline(neuron_pipeline_check: ModelCheck) -> None:
+    """Does this Hub model run on the device through ``transformers.pipeline(task, model=id, device=...)``?
+    PASS when the pipeline put the model on the device and its output is the direct path's CPU output."""
+    assert neuron_pipeline_check.result == "PASS"
 
 
 def test_training(neuron_train_check: ModelCheck) -> None:

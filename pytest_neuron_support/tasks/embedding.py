@@ -60,11 +60,14 @@ class SentenceEmbedding(Task):
 
     auto_class: ClassVar[str] = "AutoModel"
     inputs: ClassVar[str] = "embedding"
-    fragments: ClassVar[tuple[str, ...]] = ("embedding.py",)
+    code: ClassVar[tuple[str, ...]] = ("embedding.py",)
     ranked: ClassVar[bool] = False
     takes_prompt: ClassVar[bool] = False
+    fixed_input: ClassVar[str] = "it embeds a fixed set of sentences"
     cosine: ClassVar[bool] = True
     generates: ClassVar[bool] = False
+    # Sentence embeddings are what sentence-transformers is for, not a transformers pipeline.
+    pipeline: ClassVar[bool] = False
 
     def prompt(self, model: ModelSpec, default: str) -> str | None:
         return None  # it embeds fixed sentences

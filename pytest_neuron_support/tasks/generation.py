@@ -98,6 +98,7 @@ class TextGeneration(Task):
         spec = forced_spec(
             self.run_spec(job.model, settings, device=DEVICES["cpu"], reference=True, post_load=""),
             tuple(int(t) for t in result.get("tokens") or ()),
+            result.get("decoder_prompt_ids"),
         )
         check = forced_check(job, spec, result, row.parameters, None if reference is None else reference.result)
         if check.how.startswith("skipped"):
@@ -125,7 +126,7 @@ class ImageTextToText(TextGeneration):
 
     auto_class: ClassVar[str] = "AutoModelForImageTextToText"
     inputs: ClassVar[str] = "vision"
-    fragments: ClassVar[tuple[str, ...]] = ("vision.py", "generation.py")
+    code: ClassVar[tuple[str, ...]] = ("vision.py", "generation.py")
 
     def prompt(self, model: ModelSpec, default: str) -> str | None:
         if not model.prompt and default == DEFAULT_PROMPT:

@@ -15,7 +15,9 @@ from types import MappingProxyType
 
 from pytest_neuron_support.tasks.embedding import SentenceEmbedding
 from pytest_neuron_support.tasks.generation import ImageTextToText, TextGeneration
+from pytest_neuron_support.tasks.speech import SpeechRecognition
 from pytest_neuron_support.tasks.task import Task
+from pytest_neuron_support.tasks.text_to_image import TextToImage
 
 TASKS: Mapping[str, Task] = MappingProxyType(
     {
@@ -25,6 +27,8 @@ TASKS: Mapping[str, Task] = MappingProxyType(
             ImageTextToText("image-text-to-text"),
             SentenceEmbedding("feature-extraction"),
             SentenceEmbedding("sentence-similarity"),
+            TextToImage("text-to-image"),
+            SpeechRecognition("automatic-speech-recognition"),
         )
     }
 )

@@ -45,27 +45,44 @@ class Task:
         inputs: how run.py feeds it (its ``SPEC["inputs"]``): ``text`` (the prompt), ``vision`` (the
             prompt and run.py's own test card, through the processor) or ``embedding`` (a fixed list of
             sentences).
-        fragments: run.py's task code, files of ``templates/tasks/`` spliced in this order.
+        code: run.py's task code, files of ``templates/tasks/`` spliced in this order after its library's
+            loading (``templates/tasks/<library>.py``): together its :attr:`fragments`.
         ranked: the viewer's Trending and Downloads views list the Hub's models of this task.
         takes_prompt: a catalog entry may set ``prompt:``.
+        fixed_input: what it is fed instead, for a task that takes no prompt (the catalog's error says it).
         cosine: judged by cosine similarity (a catalog entry may set ``min_cosine:``).
         generates: it generates tokens (``--max-new-tokens`` applies; the training check may apply).
+        pipeline: users reach for ``transformers.pipeline(<name>)`` for it: the pipeline check applies, with
+            its :attr:`pipeline_fragments` (the task's inputs fragment gives the pipeline's call).
     """
 
     library: ClassVar[str] = "transformers"
     auto_class: ClassVar[str] = "AutoModelForCausalLM"
     inputs: ClassVar[str] = "text"
-    fragments: ClassVar[tuple[str, ...]] = ("text.py", "generation.py")
+    code: ClassVar[tuple[str, ...]] = ("text.py", "generation.py")
     ranked: ClassVar[bool] = True
     takes_prompt: ClassVar[bool] = True
+    fixed_input: ClassVar[str] = ""
     cosine: ClassVar[bool] = False
     generates: ClassVar[bool] = True
+    pipeline: ClassVar[bool] = True
 
     def __init__(self, name: str) -> None:
         self.name = name
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name}>"
+
+    @property
+    def fragments(self) -> tuple[str, ...]:
+        """run.py's code for this task: its library's loading, then its own."""
+        return (f"{self.library}.py", *self.code)
+
+    @property
+    def pipeline_fragments(self) -> tuple[str, ...]:
+        """run.py's code for the pipeline check: loading through ``transformers.pipeline``, the task's own
+        code, then the pipeline's call (which replaces the direct path's run)."""
+        return ("pipeline.py", *self.code, "pipeline_call.py")
 
     # --- what a run of it is ----------------------------------------------------------------------
 

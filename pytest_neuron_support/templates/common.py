@@ -90,21 +90,30 @@ def device_fact(torch, name):
     return eval(expr, {"torch": torch, "__import__": __import__})
 
 
+def device_module(torch):
+    """The device's torch module (torch.neuron, torch.cuda), or None: a device without one (cpu), or one this
+    process cannot use (a cuda run on a machine without CUDA), where only a run that never reached the
+    device gets (the pipeline check's run of a pipeline that left its model on the CPU)."""
+    name = SPEC["device"]["memory_module"]
+    module = None if name is None else getattr(torch, name, None)
+    return module if module is not None and module.is_available() else None
+
+
 def synchronize(torch):
     """Device work is asynchronous (neuron, cuda): wait before reading clocks or memory."""
-    module = SPEC["device"]["memory_module"]
+    module = device_module(torch)
     if module is not None:
-        getattr(torch, module).synchronize()
+        module.synchronize()
 
 
 def peak_device_memory(torch):
     """The device allocator's peak on this process's core (tensors only: no compiled code,
     scratchpad or collective buffers), after a synchronize (the allocator is asynchronous)."""
-    module = SPEC["device"]["memory_module"]
+    module = device_module(torch)
     if module is None:
         return None
-    getattr(torch, module).synchronize()
-    return int(getattr(torch, module).max_memory_allocated())
+    module.synchronize()
+    return int(module.max_memory_allocated())
 
 
 def run_and_write(out, rank=0):

@@ -48,7 +48,7 @@ DISTRIBUTIONS = ("torch", "transformers", "torch-neuronx")
 CHECK = "{model} on {device}"
 
 # What run.py and train.py share (stage markers, versions, results, ranks, main), then the task's own
-# code (its preprocessor, its inputs, its run: PREPROCESSOR, prepare_task, run_task): spliced in here.
+# code (its library's loading, its inputs, its run: load, prepare_task, run_task): spliced in here.
 from common import (  # noqa: E402  # @@COMMON@@
     WORLD,
     NothingCompiledError,
@@ -59,41 +59,7 @@ from common import (  # noqa: E402  # @@COMMON@@
     peak_device_memory,
     synchronize,
 )
-from tasks import COMPILED_CALL, PREPROCESSOR, prepare_task, run_task  # noqa: E402  # @@TASK@@
-
-
-def load(torch, facts):
-    """(tokenizer or processor, model) for SPEC's task, placed on the device."""
-    import transformers
-
-    auto_class = SPEC["auto_class"]
-    common = {"revision": SPEC["revision"], "trust_remote_code": SPEC["trust_remote_code"]}
-    # The task's preprocessor (its fragment's PREPROCESSOR: a tokenizer, or a VLM's processor).
-    preprocessor = getattr(transformers, PREPROCESSOR).from_pretrained(SPEC["model"], **common)
-    kwargs = {"dtype": getattr(torch, SPEC["dtype"]), "device_map": SPEC["device"]["device_map"], **common}
-    candidates = SPEC["distributed_configs"] or [None]
-    attempts = []
-    for candidate in candidates:
-        if candidate is not None:
-            from transformers.distributed import DistributedConfig
-
-            # transformers refuses device_map next to tensor parallelism: the device mesh
-            # places each rank on its own device (neuron:LOCAL_RANK, cuda:LOCAL_RANK, cpu).
-            kwargs.pop("device_map", None)
-            kwargs["distributed_config"] = DistributedConfig(**candidate)
-        try:
-            model = getattr(transformers, auto_class).from_pretrained(SPEC["model"], **kwargs)
-        except Exception as exc:
-            if candidate is None or candidate is candidates[-1]:
-                raise
-            # Which sharding configs work differs between transformers versions: try the
-            # next one, and keep what failed as evidence.
-            attempts.append({"config": candidate, "error": f"{type(exc).__name__}: {exc}"[:1000]})
-            continue
-        facts["distributed_config"] = candidate
-        facts["distributed_attempts"] = attempts
-        model.eval()
-        return preprocessor, model
+from tasks import COMPILED_CALL, load, prepare_task, run_task  # noqa: E402  # @@TASK@@
 
 
 def run():
@@ -128,7 +94,7 @@ def run():
             if name
         },
         # The commit the revision resolved to: what a cached reference must match.
-        "commit": getattr(model.config, "_commit_hash", None),
+        "commit": getattr(getattr(model, "config", None), "_commit_hash", None),
         **facts,
     }
 

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from pytest_neuron_support.verdict.denoising import MAX_REL_ERROR, MIN_COSINE, Denoising
 from pytest_neuron_support.verdict.embeddings import EmbeddingParity
 from pytest_neuron_support.verdict.tokens import Parity, TeacherForced
 from pytest_neuron_support.verdict.training import GRAD_NORM_RTOL, LOSS_ATOL, LOSS_RTOL, TrainParity
@@ -49,6 +50,23 @@ def passed(basis: str) -> Decision:
 def run_failed(status: str, stage: str, error: str) -> Decision:
     """A process of the check did not finish (``ERROR``, ``TIMEOUT``): the run decides, at its stage."""
     return Decision(status, stage, "run", error)
+
+
+def placement(device_map: str, model_devices: Sequence[str], pipeline_device: str | None) -> Decision | None:
+    """Where a pipeline put its model, against the device it was asked for (``device_map``, the session
+    device's): None when every parameter and buffer is on that device's type, else a FAIL at ``load``. A
+    pipeline that keeps the model on the CPU still runs, and would PASS on the CPU's numbers."""
+    wanted = device_map.split(":")[0]
+    if list(model_devices) == [wanted]:
+        return None
+    where = ", ".join(model_devices) or "no device (nothing recorded)"
+    verb = "stayed on" if list(model_devices) == ["cpu"] else "is on"
+    error = (
+        f"the pipeline's model {verb} {where}, not on {wanted} (the pipeline's device: {pipeline_device}): it would "
+        f"have run off the device, so it was not run; pass the device to the pipeline (device={wanted!r}), not a "
+        "device_map the device's library does not see"
+    )
+    return Decision("FAIL", "load", "placement", error)
 
 
 def repeat_differs(first: Sequence[int], again: Sequence[int] | None, index: int | None, *, vectors: bool) -> Decision:
@@ -157,3 +175,21 @@ def training(parity: TrainParity, recompiles: int | None) -> Decision:
         error = f"{recompiles} graph(s) compiled again after the first optimizer step: the shapes are not fixed"
         return Decision("FAIL", "train", "train-losses", error)
     return passed("train-losses")
+
+
+def denoised(checked: Denoising) -> Decision:
+    """A text-to-image run: every denoising step's noise prediction, under the device's own latent, within
+    tolerance of the CPU denoiser's (``verdict.denoising``); a FAIL at ``parity`` names the first step out
+    of tolerance and by how much."""
+    basis = "denoise-teacher-forced"
+    if checked.problem is not None:
+        return Decision("FAIL", "parity", basis, f"teacher-forced denoising check: {checked.problem}")
+    if checked.match:
+        return passed(basis)
+    step, n = checked.first_bad_step, checked.steps_checked
+    error = (
+        f"teacher-forced denoising check: step {step} of {n} is out of tolerance: noise prediction relative error "
+        f"{checked.rel_error:.4g} (at most {MAX_REL_ERROR:g}), cosine {checked.cosine:.6f} (at least {MIN_COSINE:g}); "
+        f"worst over all steps {checked.max_rel_error:.4g} and {checked.min_cosine:.6f}"
+    )
+    return Decision("FAIL", "parity", basis, error)

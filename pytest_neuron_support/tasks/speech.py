@@ -1,0 +1,47 @@
+"""Speech recognition (``automatic-speech-recognition``): an encoder-decoder that transcribes audio
+(Whisper), through the same generation path and verdict as text generation.
+
+run.py feeds the checkpoint's own processor a fixed waveform it synthesises itself
+(``templates/tasks/audio.py``: a few tones, from arithmetic alone), and generates the transcript with
+``generate()`` and a static cache, compiled, twice. The decoder's tokens are checked as a text
+generation's are: exact parity with a free-running CPU run (one core) and the teacher-forced CPU check
+of every token after the device run's own decoder prompt (its start-of-transcript and task tokens).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from pytest_neuron_support.base.model import ModelSpec
+from pytest_neuron_support.tasks.generation import TextGeneration
+
+#: The audio every run transcribes: 1.5 s at 16 kHz of three overlapping tones under half-sine envelopes
+#: (frequency, start, end). Speech it is not; what the check compares is what the device and the CPU
+#: make of the same samples, through the checkpoint's own feature extractor and decoder.
+AUDIO: Mapping[str, Any] = {
+    "seconds": 1.5,
+    "sample_rate": 16000,
+    "amplitude": 0.3,
+    "tones": [[440.0, 0.0, 0.6], [660.0, 0.5, 1.1], [330.0, 1.0, 1.5]],
+}
+
+
+class SpeechRecognition(TextGeneration):
+    """``AutoModelForSpeechSeq2Seq`` and its processor; the waveform of :data:`AUDIO`."""
+
+    auto_class: ClassVar[str] = "AutoModelForSpeechSeq2Seq"
+    inputs: ClassVar[str] = "audio"
+    code: ClassVar[tuple[str, ...]] = ("audio.py", "generation.py")
+    takes_prompt: ClassVar[bool] = False
+    fixed_input: ClassVar[str] = "it transcribes a fixed waveform it synthesises itself"
+
+    def prompt(self, model: ModelSpec, default: str) -> str | None:
+        return None  # it transcribes audio; there is no text prompt
+
+    def hash_parts(self, model: ModelSpec) -> list[str]:
+        return [json.dumps(dict(AUDIO), sort_keys=True)]
+
+    def spec_fields(self, model: ModelSpec, reference: bool) -> dict[str, Any]:
+        return {**super().spec_fields(model, reference), "task_options": {"audio": dict(AUDIO)}}

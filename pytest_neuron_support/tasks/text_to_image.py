@@ -1,0 +1,291 @@
+"""Text to image (``text-to-image``): a diffusers pipeline, loaded whole onto the device and its
+denoiser compiled with the device's backend, the way diffusers documents Neuron.
+
+run.py (``templates/tasks/diffusers.py``, ``templates/tasks/text_to_image.py``) makes the same image
+twice from a fixed prompt, seed (on a CPU generator), step count, size and guidance: the first call
+compiles, the second is timed warm, step by step, and must repeat the first image exactly. Every
+denoiser call's latent and predicted noise is recorded.
+
+The verdict is the **teacher-forced denoising check**, the diffusion counterpart of the teacher-forced
+token check: the same pipeline call on CPU, eager, in the reference dtype, with each denoiser call's
+latent replaced by the device's latent at that step, so every step's noise prediction is compared under
+the device's own trajectory (relative error and cosine, ``verdict.denoising``). A FAIL names the first
+step out of tolerance and by how much. A free-running CPU run from the same seed makes the reference
+image; the two images' PSNR is kept as evidence.
+
+The planner reads ``model_index.json`` and each component's safetensors headers (local files, the Hub
+cache, else the Hub API): the weights of every component together, on one core (run.py shards no
+pipeline).
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, ClassVar
+
+from pytest_neuron_support.base.model import DEFAULT_PROMPT, ModelSpec
+from pytest_neuron_support.base.redaction import scrub
+from pytest_neuron_support.base.storage import write_atomic
+from pytest_neuron_support.cpu.reference import ReferenceRun, reference_result
+from pytest_neuron_support.data import hub
+from pytest_neuron_support.data.records import Row
+from pytest_neuron_support.planning.planner import (
+    ModelShape,
+    PlanningError,
+    brief,
+    count_safetensors_parameters,
+    is_unreachable,
+    label,
+)
+from pytest_neuron_support.run.context import Job
+from pytest_neuron_support.run.execution import failure_of
+from pytest_neuron_support.tasks.task import Task
+from pytest_neuron_support.verdict import decide
+from pytest_neuron_support.verdict.denoising import Denoising, denoising, psnr
+
+#: The prompt of an entry that sets none, while the session's --prompt is the default (a text
+#: continuation prompt describes no picture).
+IMAGE_PROMPT = "A red apple on a wooden table, studio light"
+#: What every run makes: the same small image from the same noise, quickly, on any device. A few
+#: steps exercise the scheduler's loop as a long run does; the checks compare every one of them.
+OPTIONS: Mapping[str, Any] = {"steps": 4, "guidance_scale": 5.0, "height": 64, "width": 64, "seed": 0}
+#: Component classes that carry no weights (``model_index.json`` names a class for every component).
+WEIGHTLESS = ("Tokenizer", "TokenizerFast", "Scheduler", "Processor", "FeatureExtractor", "ImageProcessor")
+#: The files a pipeline component's weights may be in, in the order diffusers and transformers look.
+WEIGHT_FILES = (
+    "diffusion_pytorch_model.safetensors",
+    "model.safetensors",
+    "diffusion_pytorch_model.fp16.safetensors",
+    "model.fp16.safetensors",
+)
+INDEX_FILES = (
+    "diffusion_pytorch_model.safetensors.index.json",
+    "model.safetensors.index.json",
+    "diffusion_pytorch_model.safetensors.index.fp16.json",
+    "model.safetensors.index.fp16.json",
+)
+
+
+def pixels(png_b64: str) -> list[int]:
+    """An image's 8-bit RGB values, flat, from its base64 PNG."""
+    from PIL import Image
+
+    with Image.open(io.BytesIO(base64.b64decode(png_b64))) as image:
+        return list(image.convert("RGB").tobytes())
+
+
+def with_denoising(row: Row, checked: Denoising) -> Row:
+    """The teacher-forced denoising check's evidence into the row's columns."""
+    return replace(
+        row,
+        denoise_steps_checked=checked.steps_checked,
+        denoise_rel_errors=checked.rel_errors,
+        denoise_cosines=checked.cosines,
+        denoise_first_bad_step=checked.first_bad_step,
+        denoise_max_rel_error=checked.max_rel_error,
+        denoise_min_cosine=checked.min_cosine,
+        reference_match=checked.match,
+    )
+
+
+class TextToImage(Task):
+    """``DiffusionPipeline`` from diffusers; the prompt, :data:`OPTIONS`."""
+
+    library: ClassVar[str] = "diffusers"
+    auto_class: ClassVar[str] = "DiffusionPipeline"
+    inputs: ClassVar[str] = "text-to-image"
+    code: ClassVar[tuple[str, ...]] = ("text_to_image.py",)
+    generates: ClassVar[bool] = False
+    # Its inference check already is diffusers' own pipeline (DiffusionPipeline.from_pretrained(...).to(device)).
+    pipeline: ClassVar[bool] = False
+
+    def prompt(self, model: ModelSpec, default: str) -> str | None:
+        if not model.prompt and default == DEFAULT_PROMPT:
+            return IMAGE_PROMPT
+        return super().prompt(model, default)
+
+    def hash_parts(self, model: ModelSpec) -> list[str]:
+        return [json.dumps(dict(OPTIONS), sort_keys=True)]
+
+    def spec_fields(self, model: ModelSpec, reference: bool) -> dict[str, Any]:
+        return {"task_options": dict(OPTIONS)}
+
+    def read_shape(self, model: ModelSpec, *, local_only: bool = False) -> ModelShape:
+        return read_pipeline_shape(model, local_only=local_only)
+
+    def with_result(self, row: Row, result: Mapping[str, Any]) -> Row:
+        row = super().with_result(row, result)
+        steps = [float(s) for s in result.get("step_s") or ()]
+        return replace(row, denoise_step_s=round(sum(steps) / len(steps), 4) if steps else None)
+
+    def repeat(self, row: Row, result: Mapping[str, Any]) -> decide.Decision | None:
+        if row.repeat_identical is not False:
+            return None
+        return decide.Decision(
+            "FAIL", "generate", "repeat", "the warm second pipeline call's image differs from the first's"
+        )
+
+    def free_reference(self, sharded: bool) -> bool:
+        return True  # its image is the one the device's is compared with
+
+    def compare(self, row: Row, model: ModelSpec, result: Mapping[str, Any], reference: Mapping[str, Any]) -> Row:
+        device, cpu = result.get("image_png"), reference.get("image_png")
+        found = psnr(pixels(device), pixels(cpu)) if device and cpu else None
+        return replace(row, image_psnr=found)
+
+    def decide(self, job: Job, row: Row, result: Mapping[str, Any], reference: ReferenceRun | None) -> Row:
+        assert reference is not None
+        ref = reference_result(reference, result.get("commit"))
+        row = replace(row, reference_dtype=ref.dtype, reference_s=ref.wall_s, reference_cached=ref.cached)
+        if ref.failure is not None:
+            return replace(row, **decide.run_failed(ref.failure[0], "reference", ref.failure[1]).fields())
+        assert ref.result is not None
+        row = self.compare(row, job.model, result, ref.result)
+        if result.get("image"):
+            row = replace(row, image=_in_results(job, job.workdir / "device" / str(result["image"])))
+        png = ref.result.get("image_png")
+        if png:  # the CPU's image beside the device's, cached or not
+            image = write_atomic(job.workdir / "reference" / "image.png", base64.b64decode(png))
+            row = replace(row, reference_image=_in_results(job, image))
+        # The teacher-forced check: the device's recorded latents through the CPU pipeline, one step at a time.
+        io_path = job.workdir / "device" / str(result.get("denoiser_io") or "denoiser_io.pt")
+        spec = replace(reference.spec, task_options={**dict(OPTIONS), "forced_io": str(io_path)})
+        _, outcome = job.execute(spec, "cpu-check", job.cpu_env())
+        row = replace(row, cpu_check="ran", cpu_check_s=round(outcome.wall_s, 3))
+        checked = outcome.result
+        if checked is None or not checked.get("ok"):
+            status, _, error = failure_of(
+                outcome,
+                "teacher-forced denoising check run.py",
+                offline=job.settings.hub_unreachable,
+                checkpoint=job.model.id,
+            )
+            return replace(row, **decide.run_failed(status, "reference", scrub(error, job.environ) or "").fields())
+        evidence = denoising(checked.get("denoise") or (), int(result.get("denoiser_calls") or 0))
+        return replace(with_denoising(row, evidence), **decide.denoised(evidence).fields())
+
+
+def _in_results(job: Job, path: Path) -> str:
+    """A run's file as the row names it: relative to the results folder (absolute outside it)."""
+    try:
+        return path.relative_to(job.settings.results_dir).as_posix()
+    except ValueError:
+        return str(path)
+
+
+def read_pipeline_shape(model: ModelSpec, *, local_only: bool = False) -> ModelShape:
+    """A pipeline's facts for the planner: ``model_index.json``'s class and the weights of every component
+    (their safetensors headers: local files, the Hub cache, else the Hub API). No weight is downloaded."""
+    if model.source == "local":
+        directory = Path(model.id)
+        index = _read_index(directory / "model_index.json", model)
+        return _pipeline_shape(model, index, lambda name: _existing(directory / name), None, "local files")
+    try:
+        path = hub.download_file(model.id, "model_index.json", revision=model.revision, local_only=local_only)
+    except Exception as exc:  # the Hub raises many types here; each means the same to the planner
+        error = PlanningError(
+            f"cannot inspect {label(model)}: model_index.json is neither in the Hugging Face cache nor "
+            f"downloadable: {brief(exc)}"
+        )
+        error.unreachable = is_unreachable(exc)
+        raise error from exc
+    index = _read_index(path, model)
+
+    def cached(name: str) -> Path | None:
+        return hub.cached_file(model.id, name, revision=model.revision)
+
+    try:
+        return _pipeline_shape(model, index, cached, None, "hub cache")
+    except PlanningError:
+        if local_only:
+            raise
+    files = set(hub.repo_files(model.id, revision=model.revision))
+    return _pipeline_shape(model, index, lambda name: Path(name) if name in files else None, files, "hub api")
+
+
+def _existing(path: Path) -> Path | None:
+    return path if path.is_file() else None
+
+
+def _read_index(path: Path, model: ModelSpec) -> dict[str, Any]:
+    try:
+        index = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise PlanningError(f"cannot inspect {label(model)}: cannot read {path}: {exc}") from exc
+    if not isinstance(index, dict) or not isinstance(index.get("_class_name"), str):
+        raise PlanningError(f"cannot inspect {label(model)}: {path} names no pipeline class (_class_name)")
+    return index
+
+
+def _pipeline_shape(
+    model: ModelSpec,
+    index: Mapping[str, Any],
+    find: Callable[[str], Path | None],
+    hub_files: set[str] | None,
+    source: str,
+) -> ModelShape:
+    """``find`` locates a repository file (None when absent); ``hub_files``, when set, means the files are
+    on the Hub and their headers are read through its API."""
+    total = 0
+    for component in weighted_components(index):
+        files = _component_files(model, component, find)
+        if not files:
+            raise PlanningError(f"cannot inspect {label(model)}: the weights of {component} are not in the {source}")
+        try:
+            if hub_files is None:
+                total += count_safetensors_parameters(files)
+            else:
+                total += sum(
+                    hub.safetensors_file_parameters(model.id, str(name), revision=model.revision) for name in files
+                )
+        except Exception as exc:  # a corrupt header, the Hub's answer
+            raise PlanningError(f"cannot inspect {label(model)}: {component}: {brief(exc)}") from exc
+    if total == 0:
+        raise PlanningError(f"cannot inspect {label(model)}: model_index.json names no component with weights")
+    return ModelShape(
+        model_type=str(index["_class_name"]),
+        num_attention_heads=0,
+        num_key_value_heads=0,
+        num_experts=0,
+        has_tp_plan=False,
+        parameters=total,
+        weights_source=source,
+    )
+
+
+def weighted_components(index: Mapping[str, Any]) -> list[str]:
+    """The components of a ``model_index.json`` that hold weights: those with a library and a class that is
+    no tokenizer, scheduler or processor (an absent optional component is ``[null, null]``)."""
+    return [
+        name
+        for name, value in index.items()
+        if not name.startswith("_")
+        and isinstance(value, list)
+        and len(value) == 2
+        and value[0] is not None
+        and isinstance(value[1], str)
+        and not value[1].endswith(WEIGHTLESS)
+    ]
+
+
+def _component_files(model: ModelSpec, component: str, find: Callable[[str], Path | None]) -> list[Path] | None:
+    """The safetensors files of one component, or None (or none) when they are not all found there."""
+    for name in INDEX_FILES:
+        index = find(f"{component}/{name}")
+        if index is None:
+            continue
+        if not index.is_file():  # on the Hub: its shards are read from the index there
+            index = hub.download_file(model.id, f"{component}/{name}", revision=model.revision)
+        shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+        found = [find(f"{component}/{shard}") for shard in shards]
+        return None if any(path is None for path in found) else [path for path in found if path is not None]
+    for name in WEIGHT_FILES:
+        path = find(f"{component}/{name}")
+        if path is not None:
+            return [path]
+    return None

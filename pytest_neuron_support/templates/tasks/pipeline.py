@@ -1,0 +1,50 @@
+"""run.py's loading for the pipeline check (a row's ``check`` is ``pipeline``): the model through
+``transformers.pipeline(<task>, model=<id>, device=<device>)``, the way the Transformers guide's second
+recipe puts a model on the device, instead of ``from_pretrained(device_map=<device>)``.
+
+The pipeline's placement arguments are SPEC["task_options"]["pipeline"] (``{"device": "neuron"}``), so the
+file says how the pipeline was asked. Where the model then sits is read at once: every parameter's and
+buffer's device type, and the pipeline's own ``device``. A pipeline that left the model anywhere but on the
+asked device (the guide warns that ``device_map="auto"`` silently loads on CPU: Accelerate sees no
+neuron device) is not run at all: the result says where the model is, and the check FAILs it.
+
+Spliced into run.py (pytest-neuron-support's runscript) before the task's own fragments and
+pipeline_call.py, in place of run.py's @@TASK@@ import; see transformers.py.
+"""
+
+from __future__ import annotations
+
+from run import SPEC
+
+# isort: split
+# @@TASK@@
+import itertools
+
+
+def placement(pipe):
+    """Where the pipeline put its model: the device types of every parameter and buffer, and the
+    pipeline's own device."""
+    model = pipe.model
+    tensors = itertools.chain(model.parameters(), model.buffers())
+    return {"model_devices": sorted({t.device.type for t in tensors}), "pipeline_device": str(pipe.device)}
+
+
+def load(torch, facts):
+    """(the pipeline, its model): ``transformers.pipeline`` with the task, the checkpoint, the dtype and
+    SPEC's placement arguments; what placement it made is in ``facts``."""
+    import transformers
+
+    if SPEC["distributed_configs"]:
+        raise NotImplementedError("a pipeline runs in one process on one device: the planner gives it a single core")
+    pipe = transformers.pipeline(
+        SPEC["task"],
+        model=SPEC["model"],
+        revision=SPEC["revision"],
+        trust_remote_code=SPEC["trust_remote_code"],
+        dtype=getattr(torch, SPEC["dtype"]),
+        **SPEC["task_options"]["pipeline"],
+    )
+    facts["pipeline_class"] = type(pipe).__name__
+    facts.update(placement(pipe))
+    pipe.model.eval()
+    return pipe, pipe.model
