@@ -41,6 +41,26 @@ def _zoo_build(args: argparse.Namespace) -> int:
     return 0
 
 
+def _expect_update(args: argparse.Namespace) -> int:
+    from pytest_neuron_support.catalog.expectations import update_catalog
+    from pytest_neuron_support.catalog.load import CatalogError
+    from pytest_neuron_support.data.dataset import read_dataset
+
+    rows = read_dataset(Path(args.results_dir))
+    if not rows:
+        print(f"neuron-support expect update: no rows under {args.results_dir}/data", file=sys.stderr)
+        return 2
+    try:
+        changes = update_catalog(Path(args.models_file), rows)
+    except (CatalogError, OSError) as exc:
+        print(f"neuron-support expect update: {exc}", file=sys.stderr)
+        return 2
+    for change in changes:
+        print(change)
+    print(f"{args.models_file}: {len(changes)} expectation(s) changed from {len(rows)} row(s)")
+    return 0
+
+
 def _show(args: argparse.Namespace) -> int:
     from pytest_neuron_support.checks.registry import named_test
     from pytest_neuron_support.data.dataset import read_dataset
@@ -85,7 +105,13 @@ def _merge(args: argparse.Namespace) -> int:
 
 
 def _diff(args: argparse.Namespace) -> int:
-    from pytest_neuron_support.data.dataset import blocking_summary, diff_datasets, diff_signatures, read_dataset
+    from pytest_neuron_support.data.dataset import (
+        GATING,
+        blocking_summary,
+        diff_datasets,
+        diff_signatures,
+        read_dataset,
+    )
 
     old_rows, new_rows = read_dataset(Path(args.old)), read_dataset(Path(args.new))
     changes = diff_datasets(old_rows, new_rows)
@@ -97,7 +123,8 @@ def _diff(args: argparse.Namespace) -> int:
             # A user's test of a model is a row of its own: named, or it reads as the catalog's.
             test = f" (test {change.test})" if change.test else ""
             results = f"{change.old or '-'} -> {change.new or '-'}"
-            print(f"{change.kind:<10} {change.model_id}{check}{test} [{change.device}]: {results}")
+            known = f" (expected: {change.expected_reason})" if change.expected_reason else ""
+            print(f"{change.kind:<10} {change.model_id}{check}{test} [{change.device}]: {results}{known}")
     moved = diff_signatures(old_rows, new_rows)
     for sig in moved:
         if sig.kind == "persisting" and not args.verbose:
@@ -112,7 +139,7 @@ def _diff(args: argparse.Namespace) -> int:
         print(blocking_summary(moved, {r.model_id for r in new_rows}))
     # The per-model counts stay the last line: scripts read it.
     print(", ".join(f"{n} {kind}" for kind, n in sorted(counts.items())) or "no rows")
-    return 1 if counts.get("regressed") else 0
+    return 1 if any(counts.get(kind) for kind in GATING) else 0
 
 
 #: Characters of a signature's example error that `failures` prints.
@@ -502,6 +529,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(prog="neuron-support", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
+    expect_parser = sub.add_parser("expect", help="the catalog's expected outcomes (expect:)")
+    expect_sub = expect_parser.add_subparsers(dest="expect_command", required=True)
+    update = expect_sub.add_parser(
+        "update", help="write a sweep's outcomes into the catalog as each entry's expect: (keeping its reason)"
+    )
+    update.add_argument("results_dir", metavar="RESULTS", help="a results directory (its data/*.parquet)")
+    update.add_argument("--models-file", default="models.yaml", help="the catalog to update (default models.yaml)")
+    update.set_defaults(func=_expect_update)
     zoo_parser = sub.add_parser("zoo", help="the tiny random-weight checkpoints used to test offline")
     zoo_sub = zoo_parser.add_subparsers(dest="zoo_command", required=True)
     build = zoo_sub.add_parser("build", help="build tiny checkpoints into a Hugging Face hub cache")
@@ -525,8 +560,9 @@ def build_parser() -> argparse.ArgumentParser:
     merge.set_defaults(func=_merge)
     diff = sub.add_parser(
         "diff",
-        help="per model: regressed / fixed / new / missing / unchanged, and the failure signatures that appeared "
-        "or disappeared (exit 1 on regressions)",
+        help="per model: regressed / expected / unexpected-pass / fixed / new / missing / unchanged, and the failure "
+        "signatures that appeared or disappeared (exit 1 on a regression or an unexpected pass; a missing baseline "
+        "folder is an empty one)",
     )
     diff.add_argument("old", help="dataset folder (the baseline)")
     diff.add_argument("new", help="dataset folder (the candidate)")

@@ -50,6 +50,33 @@ def test_diff_reports_each_kind_and_exits_1_on_a_regression(tmp_path: Path) -> N
     assert cli("diff", str(old), str(new)).returncode == 0
 
 
+def test_the_gate_fails_on_an_unexpected_pass_and_not_on_a_failure_the_catalog_expects(tmp_path: Path) -> None:
+    old, new, none = tmp_path / "old", tmp_path / "new", tmp_path / "never-published"
+    known = {"expected_result": "FAIL", "expected_stage": "parity", "expected_reason": "https://x/issues/1"}
+    write_rows(old, [row("org/known", "PASS"), row("org/fixed", "FAIL"), row("org/other", "FAIL")])
+    write_rows(
+        new,
+        [
+            # Now failing, as its catalog entry says it does: known, not a regression.
+            dataclasses.replace(row("org/known", "FAIL"), expectation="met", **known),
+            # Passing where its entry expects a failure: the expectation is stale, the gate fails.
+            dataclasses.replace(row("org/fixed", "PASS"), expectation="improved", **known),
+            # Failing as before, but not the way its entry says: a failure nobody has explained.
+            dataclasses.replace(row("org/other", "ERROR"), expectation="differs", **known),
+        ],
+    )
+    done = cli("diff", str(old), str(new))
+    assert done.returncode == 1, done.stdout
+    lines = done.stdout.splitlines()
+    assert "expected   org/known [cpu]: PASS -> FAIL (expected: https://x/issues/1)" in lines
+    assert "unexpected-pass org/fixed [cpu]: FAIL -> PASS (expected: https://x/issues/1)" in lines
+    assert "regressed  org/other [cpu]: FAIL -> ERROR (expected: https://x/issues/1)" in lines
+    assert lines[-1] == "1 expected, 1 regressed, 1 unexpected-pass"
+    # No published dataset yet: nothing regressed, but the unexpected pass still fails the gate.
+    alone = cli("diff", str(none), str(new))
+    assert alone.returncode == 1 and alone.stdout.splitlines()[-1] == "2 new, 1 unexpected-pass"
+
+
 def test_merge_combines_shards_including_rows_of_a_killed_shard(tmp_path: Path) -> None:
     write_rows(tmp_path / "shard0", [row("org/a", "PASS"), row("org/b", "FAIL")])
     PartWriter(tmp_path / "shard1", session="killed").add(row("org/c", "PASS"))  # never reached Parquet
@@ -75,7 +102,7 @@ TOKEN_STEPS = {
         "Run the shard",
         "Sync the NEFF cache up (what this shard compiled)",
     },
-    "merge": {"Regression gate against the last published dataset", "Publish"},
+    "merge": {"Gate on regressions and unexpected passes (against the last published dataset)", "Publish"},
 }
 
 
@@ -149,7 +176,11 @@ def test_workflow_is_well_formed() -> None:
 
     merge_steps = jobs["merge"]["steps"]
     assert any("neuron-support merge" in s.get("run", "") for s in merge_steps)
-    assert any("neuron-support diff" in s.get("run", "") for s in merge_steps)
+    gate = next(s for s in merge_steps if "neuron-support diff" in s.get("run", ""))
+    # The gate runs without a published dataset too (an unexpected pass needs none), fails with diff's
+    # status, and lists what it found in the run's summary.
+    assert "if" not in gate and "mkdir -p published" in gate["run"] and 'exit "$status"' in gate["run"]
+    assert "GITHUB_STEP_SUMMARY" in gate["run"] and "unexpected-pass" in gate["run"]
     publish = next(s for s in merge_steps if s.get("name") == "Publish")
     assert "HAS_HF_TOKEN" in publish["if"]
 

@@ -31,6 +31,34 @@ class Exclusion:
     note: str = ""
 
 
+#: The results an expectation may name: a known failure, or a PASS with a known compile defect.
+EXPECTED_RESULTS: tuple[str, ...] = ("FAIL", "ERROR", "TIMEOUT", "PASS")
+
+
+@dataclass(frozen=True)
+class Expectation:
+    """A catalog entry's known outcome (``expect:``), with why: what the sweep should find until the
+    cause is fixed, as PyTorch's expected-accuracy files and tt-xla's per-model status are.
+
+    Attributes:
+        result: ``FAIL``, ``ERROR`` or ``TIMEOUT`` (a known failure), or ``PASS`` with ``recompiles``
+            (a known compile defect that does not change the tokens).
+        reason: why, with the upstream issue's URL where there is one; shown in the XFAIL and the viewer.
+        check: the check kind it is about (``inference`` unless the entry says otherwise).
+        stage: the failure stage it must fail at (None: any stage).
+        signature: what the row's failure signature must start with (None: any signature).
+        recompiles: the run hits Dynamo's recompile limit (``recompile_limit`` set): a decoding step that
+            recompiles at every token.
+    """
+
+    result: str
+    reason: str
+    check: str = "inference"
+    stage: str | None = None
+    signature: str | None = None
+    recompiles: bool = False
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """One model to check: a catalog entry, a ``--model`` argument, or a local checkpoint.
@@ -57,6 +85,7 @@ class ModelSpec:
             can be given less, so the sweep does not wait for it.
         checks: the checks this entry asks for (``checks.registry.KINDS``), each one item and one row;
             ``--check`` replaces them for a run. ``train`` applies to the tasks its check kind applies to only.
+        expect: the entry's known outcome and why (``expect:``); None when it is expected to pass.
     """
 
     id: str
@@ -74,3 +103,4 @@ class ModelSpec:
     min_cosine: float | None = None
     timeout: float | None = None
     checks: tuple[str, ...] = DEFAULT_CHECKS
+    expect: Expectation | None = None

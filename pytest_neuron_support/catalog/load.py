@@ -23,10 +23,13 @@ from pytest_neuron_support.base.model import (
     DEFAULT_REVISION,
     DTYPES,
     EXCLUDE_REASONS,
+    EXPECTED_RESULTS,
     Exclusion,
+    Expectation,
     ModelSpec,
 )
 from pytest_neuron_support.checks.registry import CHECKS, KINDS
+from pytest_neuron_support.data.records import STAGES
 from pytest_neuron_support.tasks.table import TASKS as TASK_TABLE
 
 #: The catalog's task names, from the one task table (tasks/table.py).
@@ -52,12 +55,19 @@ ENTRY_FIELDS: tuple[str, ...] = (
     "min_cosine",
     "timeout",
     "checks",
+    "expect",
 )
 _EXCLUDE_FIELDS: tuple[str, ...] = ("reason", "note")
+_EXPECT_FIELDS: tuple[str, ...] = ("result", "reason", "check", "stage", "signature", "recompiles")
+#: How an ``expect:`` is written (the errors' fix).
+EXPECT_EXAMPLE = (
+    "write e.g. 'expect: {result: FAIL, stage: parity, reason: \"https://github.com/org/repo/issues/1\"}', or "
+    "'expect: {result: PASS, recompiles: true, reason: ...}' for a known recompile"
+)
 #: The entry fields that say how one model is checked (what ``@pytest.mark.neuron_model`` may set too);
 #: the others place it in a catalog (its id, exclusion, tags, packages, checks).
 MODEL_FIELDS: tuple[str, ...] = tuple(
-    name for name in ENTRY_FIELDS if name not in ("id", "extra_packages", "exclude", "tags", "checks")
+    name for name in ENTRY_FIELDS if name not in ("id", "extra_packages", "exclude", "tags", "checks", "expect")
 )
 
 
@@ -292,6 +302,7 @@ def _parse_entry(node: yaml.Node, shown: str) -> ModelSpec:
     tags = _str_list(raw, "tags", err)
     exclusion = _parse_exclude(raw, err)
     checks = _parse_checks(raw, task, err)
+    expect = _parse_expect(raw, checks, err)
     return ModelSpec(
         id=entry_id,
         task=task,
@@ -308,6 +319,7 @@ def _parse_entry(node: yaml.Node, shown: str) -> ModelSpec:
         min_cosine=min_cosine,
         timeout=None if timeout is None else float(timeout),
         checks=checks,
+        expect=expect,
     )
 
 
@@ -375,6 +387,43 @@ def _str_list(raw: Mapping[str, tuple[Any, int]], name: str, err: Any) -> tuple[
     if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
         raise err(name, "must be a list of non-empty strings", value, f"write '{name}: [a, b]'")
     return tuple(value)
+
+
+def _parse_expect(raw: Mapping[str, tuple[Any, int]], checks: Sequence[str], err: Any) -> Expectation | None:
+    """An entry's ``expect:`` (its known outcome and why), validated field by field."""
+    if "expect" not in raw or raw["expect"][0] is None:
+        return None
+    value = raw["expect"][0]
+    if not isinstance(value, dict):
+        raise err("expect", "must be a mapping", value, EXPECT_EXAMPLE)
+    for key in value:
+        if key not in _EXPECT_FIELDS:
+            raise err("expect", f"unknown key {key!r} under expect", key, f"allowed keys: {', '.join(_EXPECT_FIELDS)}")
+    result = value.get("result")
+    if result not in EXPECTED_RESULTS:
+        raise err("expect", "unknown expected result", result, f"use one of {', '.join(EXPECTED_RESULTS)}")
+    reason = value.get("reason")
+    if not isinstance(reason, str) or not reason.strip():
+        raise err(
+            "expect", "an expectation needs its reason", reason, "add 'reason:' with the upstream issue's URL, or why"
+        )
+    check = value.get("check", "inference")
+    if check not in checks:
+        raise err("expect", "names a check this entry does not make", check, f"use one of {', '.join(checks)}")
+    stage, signature, recompiles = value.get("stage"), value.get("signature"), value.get("recompiles", False)
+    if stage is not None and stage not in STAGES:
+        raise err("expect", "unknown stage", stage, f"use one of {', '.join(STAGES)}")
+    if signature is not None and (not isinstance(signature, str) or not signature.strip()):
+        raise err("expect", "signature must be text", signature, "quote the start of the row's failure signature")
+    if not isinstance(recompiles, bool):
+        raise err("expect", "recompiles must be true or false", recompiles, "write 'recompiles: true'")
+    if result == "PASS" and not recompiles:
+        raise err("expect", "an expected PASS with nothing known about it is no expectation", value, EXPECT_EXAMPLE)
+    if result == "PASS" and (stage is not None or signature is not None):
+        raise err("expect", "a PASS has no failure stage or signature", value, "drop stage and signature")
+    return Expectation(
+        result=result, reason=reason.strip(), check=check, stage=stage, signature=signature, recompiles=recompiles
+    )
 
 
 def _parse_exclude(raw: Mapping[str, tuple[Any, int]], err: Any) -> Exclusion | None:

@@ -27,7 +27,6 @@ from pytest_neuron_support.base.model import ModelSpec
 from pytest_neuron_support.checks.inference import InferenceCheck
 from pytest_neuron_support.checks.kind import CpuSide
 from pytest_neuron_support.checks.rows import settings_hash
-from pytest_neuron_support.cpu.reference import ReferenceRun
 from pytest_neuron_support.data.records import Row
 from pytest_neuron_support.run.context import Job
 from pytest_neuron_support.run.runscript import RunSpec
@@ -43,15 +42,15 @@ def placement_arguments(device_map: str) -> dict[str, Any]:
     return {"device": device_map}
 
 
-class PipelineCheck:
-    """Does the model run on the device through ``transformers.pipeline``, and say what the direct path says?"""
+class PipelineCheck(InferenceCheck):
+    """Does the model run on the device through ``transformers.pipeline``, and say what the direct path says?
+    The inference check with the pipeline's loading and call, and the placement guard before its verdict;
+    its CPU side is the inference check's (the direct path's free-running reference)."""
 
     name = "pipeline"
     test = "test_pipeline"
     fixture = "neuron_pipeline_check"
     folder = "pipeline"
-    script = "run.py"
-    training = False
     summary = (
         "run.py through transformers.pipeline(task, model=id, device=<device>): the model must sit on the device, "
         "its tokens checked against the direct path's CPU reference"
@@ -86,15 +85,9 @@ class PipelineCheck:
         options = {**spec.task_options, "pipeline": placement_arguments(job.settings.device.device_map)}
         return replace(spec, fragments=task.pipeline_fragments, task_options=options)
 
-    def start_cpu_side(self, job: Job, row: Row) -> CpuSide:
-        # The direct path's free-running CPU reference: the same spec (and cache entry) as the inference
-        # check's, so the row says whether the pipeline's tokens are the direct path's.
-        return ReferenceRun(job, InferenceCheck().reference_spec(job))
-
     def with_result(self, job: Job, row: Row, result: Mapping[str, Any]) -> Row:
-        row = task_of(job.model.task).with_result(row, result)
         return replace(
-            row,
+            super().with_result(job, row, result),
             pipeline_class=result.get("pipeline_class"),
             pipeline_device=result.get("pipeline_device"),
             model_devices=tuple(result.get("model_devices") or ()),
@@ -106,9 +99,4 @@ class PipelineCheck:
         if misplaced is not None:
             side.cancel()
             return replace(row, **misplaced.fields())
-        task = task_of(job.model.task)
-        repeat = task.repeat(row, result)
-        if repeat is not None:
-            side.cancel()
-            return replace(row, **repeat.fields())
-        return task.decide(job, row, result, side if isinstance(side, ReferenceRun) else None)
+        return super().decide(job, row, result, side)

@@ -11,11 +11,12 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from pytest_neuron_support import __version__
-from pytest_neuron_support.base.model import ModelSpec
+from pytest_neuron_support.base.model import Expectation, ModelSpec
 from pytest_neuron_support.data.records import Row
 from pytest_neuron_support.planning.planner import DTYPE_BYTES, Plan
 from pytest_neuron_support.run.settings import Settings, core_pool
 from pytest_neuron_support.tasks.table import task_of
+from pytest_neuron_support.verdict import expected
 
 
 def _now() -> str:
@@ -132,3 +133,36 @@ def planned_row(model: ModelSpec, settings: Settings, plan: Plan) -> Row:
             + f"; pass --neuron-cores={plan.cores} or more on a machine that has them",
         )
     return row
+
+
+def with_expectation(row: Row, expect: Expectation | None) -> Row:
+    """The entry's expectation of the row's check (``expect:``) into the row, and the row against it
+    (``expectation``: met, improved or differs; :mod:`..verdict.expected`). The row keeps its real result."""
+    if expect is None or expect.check != row.check:
+        return row
+    outcome = expected.compare(
+        expect, row.result, row.failure_stage, row.signature, recompiled=row.recompile_limit is not None
+    )
+    return replace(
+        row,
+        expected_result=expect.result,
+        expected_stage=expect.stage,
+        expected_signature=expect.signature,
+        expected_recompiles=expect.recompiles,
+        expected_reason=expect.reason,
+        expectation=outcome,
+    )
+
+
+def expectation_of(row: Row) -> Expectation | None:
+    """The expectation a row was checked against, read back from its columns (None without one)."""
+    if row.expected_result is None:
+        return None
+    return Expectation(
+        result=row.expected_result,
+        reason=row.expected_reason or "",
+        check=row.check,
+        stage=row.expected_stage,
+        signature=row.expected_signature,
+        recompiles=bool(row.expected_recompiles),
+    )

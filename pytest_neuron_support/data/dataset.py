@@ -186,10 +186,14 @@ class Change:
     Attributes:
         model_id / device: the model and the device kind compared.
         check: the check compared (``inference`` or ``train``: each is a row of its own).
-        kind: ``regressed`` (was PASS, now not), ``fixed`` (now PASS, was not), ``new`` (only in
-            the new dataset), ``missing`` (only in the old), or ``unchanged``.
+        kind: ``regressed`` (was PASS, now not; or failing otherwise than its catalog expectation says),
+            ``expected`` (was PASS, now the failure its catalog expectation names), ``unexpected-pass``
+            (it passed, or no longer recompiles, where its catalog expected otherwise), ``fixed`` (now
+            PASS, was not), ``new`` (only in the new dataset), ``missing`` (only in the old), or
+            ``unchanged``. A gate fails on ``regressed`` and ``unexpected-pass``.
         old / new: the results compared (None where absent).
         test: the user's test that made the rows (node id), empty for a catalog item's.
+        expected_reason: the new row's expectation's reason, where it has one.
     """
 
     model_id: str
@@ -199,6 +203,11 @@ class Change:
     new: str | None
     check: str = "inference"
     test: str = ""
+    expected_reason: str | None = None
+
+
+#: The kinds of :class:`Change` a gate fails on.
+GATING: tuple[str, ...] = ("regressed", "unexpected-pass")
 
 
 def _latest(rows: Iterable[Row]) -> dict[tuple[str, str, str, str], Row]:
@@ -215,17 +224,24 @@ def diff_datasets(old_rows: Iterable[Row], new_rows: Iterable[Row]) -> list[Chan
     for key in sorted(set(old) | set(new)):
         before = old[key].result if key in old else None
         after = new[key].result if key in new else None
-        if before is None:
+        # How the new row compares with its catalog expectation (expect:), where it has one.
+        expectation = new[key].expectation if key in new else None
+        if expectation == "improved":
+            kind = "unexpected-pass"
+        elif before is None:
             kind = "new"
         elif after is None:
             kind = "missing"
         elif before == "PASS" and after != "PASS":
+            kind = "expected" if expectation == "met" else "regressed"
+        elif expectation == "differs":
             kind = "regressed"
         elif before != "PASS" and after == "PASS":
             kind = "fixed"
         else:
             kind = "unchanged"
-        changes.append(Change(key[0], key[1], kind, before, after, key[3], key[2]))
+        reason = new[key].expected_reason if key in new else None
+        changes.append(Change(key[0], key[1], kind, before, after, key[3], key[2], reason))
     return changes
 
 

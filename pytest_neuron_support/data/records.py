@@ -280,6 +280,34 @@ class Row:
             label="Failure signature",
         ),
     )
+    expected_result: str | None = field(
+        default=None,
+        metadata=_doc(
+            "the catalog entry's expected result for this check (expect:): FAIL, ERROR or TIMEOUT (a known "
+            "failure), or PASS with expected_recompiles (a known compile defect); null when it is expected to pass"
+        ),
+    )
+    expected_stage: str | None = field(
+        default=None, metadata=_doc("the stage the expectation says it fails at (null: any stage)")
+    )
+    expected_signature: str | None = field(
+        default=None, metadata=_doc("what the expectation says the failure signature starts with (null: any)")
+    )
+    expected_recompiles: bool | None = field(
+        default=None, metadata=_doc("the expectation says the run hits Dynamo's recompile limit")
+    )
+    expected_reason: str | None = field(
+        default=None,
+        metadata=_doc("why the entry is expected to fail (the upstream issue's URL where there is one)"),
+    )
+    expectation: str | None = field(
+        default=None,
+        metadata=_doc(
+            "the row against its expectation: met (an XFAIL, or a PASS with its known defect), improved (it "
+            "passed, or no longer recompiles: a strict XPASS, a failed item) or differs (it failed otherwise: a "
+            "failure of its own); null without an expectation, and for SKIPPED and EXCLUDED rows"
+        ),
+    )
     exclude_reason: str | None = field(default=None, metadata=_doc("catalog exclusion reason"))
     exclude_note: str | None = field(default=None, metadata=_doc("catalog exclusion note"))
     tags: tuple[str, ...] = field(default=(), metadata=_doc("catalog tags"))

@@ -31,7 +31,7 @@ from pytest_neuron_support.catalog.load import MODEL_FIELDS, TASKS, CatalogError
 from pytest_neuron_support.checks.kind import CheckKind
 from pytest_neuron_support.checks.plan import plan_model
 from pytest_neuron_support.checks.registry import INFERENCE, KINDS
-from pytest_neuron_support.checks.rows import base_row, gate, planned_row
+from pytest_neuron_support.checks.rows import base_row, gate, planned_row, with_expectation
 from pytest_neuron_support.checks.run import run_check
 from pytest_neuron_support.cpu.judge import judge
 from pytest_neuron_support.cpu.reference import ReferenceRun, reference_result
@@ -541,6 +541,8 @@ def _check(request: pytest.FixtureRequest, neuron_model: ModelSpec, neuron_plan:
                 verdict_basis="run",
                 error=f"{type(exc).__name__}: {exc}",
             )
+    # The entry's expectation (expect:), if any: the row keeps its real result and says how it compares.
+    row = with_expectation(row, neuron_model.expect)
     evidence.row = row
     if row.result == "SKIPPED":
         evidence.skip_stage = row.failure_stage

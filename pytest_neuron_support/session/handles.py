@@ -13,11 +13,13 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from pytest_neuron_support.checks.rows import expectation_of
 from pytest_neuron_support.data.records import Row
 from pytest_neuron_support.devices.table import DeviceKind
 from pytest_neuron_support.run.cores import SLICE_ENV, CorePool, Lease
 from pytest_neuron_support.run.runscript import RunSpec
 from pytest_neuron_support.session.explain import Verdict
+from pytest_neuron_support.verdict import expected
 
 
 def pinning_env(device: DeviceKind, first: int, count: int) -> dict[str, str]:
@@ -202,6 +204,11 @@ class JudgeVerdict:
     judge_revision: str
 
 
+class ExpectedFailure(AssertionError):
+    """A catalog item failed as its entry's ``expect:`` says: the only failure its strict ``xfail``
+    marker (``raises=ExpectedFailure``) counts as expected."""
+
+
 @dataclass(frozen=True)
 class ModelCheck:
     """The whole check a catalog item makes of one model (what ``neuron_check`` returns).
@@ -224,6 +231,28 @@ class ModelCheck:
     @property
     def passed(self) -> bool:
         return self.row.result == "PASS"
+
+    def assert_as_expected(self) -> None:
+        """The catalog suite's assertion: PASS, or the outcome its entry's ``expect:`` names. A met
+        expectation of a failure raises :class:`ExpectedFailure` (the item's strict ``xfail`` marker turns
+        it into an XFAIL with the reason), so a PASS in its place is a failed XPASS(strict); an expected
+        recompile that no longer happens fails here; any other outcome fails as ``result == "PASS"`` does."""
+        expect = expectation_of(self.row)
+        if expect is None or self.row.expectation is None:
+            assert self.result == "PASS"
+            return
+        said = expected.message(
+            expect, self.row.expectation, self.row.result, self.row.failure_stage, self.row.signature
+        )
+        if self.row.expectation == expected.MET:
+            if expect.result != "PASS":
+                raise ExpectedFailure(said)
+            return
+        if self.row.expectation == expected.IMPROVED:
+            if expect.result != "PASS":
+                return  # the strict xfail marker fails it: [XPASS(strict)] with the expectation's reason
+            raise AssertionError(said)  # it no longer recompiles
+        assert self.result == "PASS", said  # it failed otherwise than expected
 
     @property
     def tokens(self) -> list[int]:

@@ -24,6 +24,7 @@ from pytest_neuron_support.data import hub
 from pytest_neuron_support.data.dataset import expected_seconds_from_dataset
 from pytest_neuron_support.planning.planner import Plan, describe_plan
 from pytest_neuron_support.session import suite
+from pytest_neuron_support.session.handles import ExpectedFailure
 from pytest_neuron_support.session.keys import (
     catalog_key,
     check_key,
@@ -39,6 +40,7 @@ from pytest_neuron_support.session.keys import (
 )
 from pytest_neuron_support.session.progress import PROGRESS_PLUGIN, Planned
 from pytest_neuron_support.session.sharding import assign
+from pytest_neuron_support.verdict import expected
 
 
 def collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
@@ -210,6 +212,12 @@ class CatalogFile(pytest.Module):
                 node.stash[model_key] = spec
                 node.stash[check_key] = check_of(node.nodeid) or "inference"
                 node.extra_keyword_matches.update(spec.tags)
+                expect = spec.expect
+                if expect is not None and expect.check == node.stash[check_key] and expect.result != "PASS":
+                    # A known failure: an XFAIL while it fails as expected, a failed XPASS(strict) once it
+                    # passes; any other failure is not ExpectedFailure and fails as it is.
+                    reason = expected.message(expect, expected.MET, expect.result, None, None)
+                    node.add_marker(pytest.mark.xfail(reason=reason, strict=True, raises=ExpectedFailure))
             collected.append(node)
         return collected
 

@@ -11,8 +11,10 @@ the rest), and one that asks for the pipeline check (``checks: [..., pipeline]``
 The item's fixtures do what a user's own test would compose: ``neuron_model`` (the entry; an excluded
 one is skipped with its reason), ``neuron_plan`` (the plan the controller made), and the kind's fixture
 (``neuron_check``, ``neuron_pipeline_check``, ``neuron_train_check``), which leases the plan's cores,
-runs the check on the device and the CPU and returns the row. The verdict is the plain ``assert`` below;
-when it fails, pytest shows the evidence (matched prefix, first divergence, both tokens, their gap: :mod:`.explain`).
+runs the check on the device and the CPU and returns the row. The verdict is ``assert result == "PASS"``
+(``ModelCheck.assert_as_expected``); when it fails, pytest shows the evidence (matched prefix, first
+divergence, both tokens, their gap: :mod:`.explain`). An entry with an ``expect:`` (a known failure and
+why) is an XFAIL while it fails that way, and a failed XPASS(strict) once it passes.
 
 This module is collected by :class:`.items.CatalogFile` from the catalog file itself; it is not a
 file pytest finds on its own, so the plugin works wherever it is installed.
@@ -41,16 +43,16 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 def test_model(neuron_check: ModelCheck) -> None:
     """Does this Hub model run unmodified on the device? PASS when the device's output is the CPU's."""
-    assert neuron_check.result == "PASS"
+    neuron_check.assert_as_expected()
 
 
 def test_pipeline(neuron_pipeline_check: ModelCheck) -> None:
     """Does this Hub model run on the device through ``transformers.pipeline(task, model=id, device=...)``?
     PASS when the pipeline put the model on the device and its output is the direct path's CPU output."""
-    assert neuron_pipeline_check.result == "PASS"
+    neuron_pipeline_check.assert_as_expected()
 
 
 def test_training(neuron_train_check: ModelCheck) -> None:
     """Does this Hub model fine-tune unmodified on the device? PASS when a few Trainer steps' losses are
     finite, agree with the same steps on CPU step by step, and nothing recompiles after the first."""
-    assert neuron_train_check.result == "PASS"
+    neuron_train_check.assert_as_expected()

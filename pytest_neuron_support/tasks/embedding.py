@@ -14,7 +14,7 @@ from dataclasses import replace
 from typing import Any, ClassVar
 
 from pytest_neuron_support.base.model import ModelSpec
-from pytest_neuron_support.cpu.reference import ReferenceRun, reference_result
+from pytest_neuron_support.cpu.reference import ReferenceRun
 from pytest_neuron_support.data.records import Row
 from pytest_neuron_support.run.context import Job
 from pytest_neuron_support.tasks.task import Task
@@ -91,10 +91,8 @@ class SentenceEmbedding(Task):
 
     def decide(self, job: Job, row: Row, result: Mapping[str, Any], reference: ReferenceRun | None) -> Row:
         assert reference is not None
-        ref = reference_result(reference, result.get("commit"))
-        row = replace(row, reference_dtype=ref.dtype, reference_s=ref.wall_s, reference_cached=ref.cached)
-        if ref.failure is not None:
-            return replace(row, **decide.run_failed(ref.failure[0], "reference", ref.failure[1]).fields())
-        assert ref.result is not None
-        parity = cosine_parity(job.model, result, ref.result)
+        row, cpu = self.reference_of(row, result, reference)
+        if cpu is None:
+            return row
+        parity = cosine_parity(job.model, result, cpu)
         return replace(with_cosines(row, parity), **decide.embeddings(parity).fields())

@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 from pytest_neuron_support.base.model import DEFAULT_PROMPT, ModelSpec
 from pytest_neuron_support.cpu.forced import forced_check, forced_spec
 from pytest_neuron_support.cpu.judge import judge
-from pytest_neuron_support.cpu.reference import ReferenceRun, reference_result
+from pytest_neuron_support.cpu.reference import ReferenceRun
 from pytest_neuron_support.data.records import Row
 from pytest_neuron_support.devices.table import DEVICES
 from pytest_neuron_support.run.context import Job
@@ -88,13 +88,11 @@ class TextGeneration(Task):
         settings, mode = job.settings, job.settings.parity
         free: Parity | None = None
         if reference is not None:
-            ref = reference_result(reference, result.get("commit"))
-            row = replace(row, reference_dtype=ref.dtype, reference_s=ref.wall_s, reference_cached=ref.cached)
-            if ref.failure is not None:
-                return replace(row, **decide.run_failed(ref.failure[0], "reference", ref.failure[1]).fields())
-            assert ref.result is not None
-            free = parity_of(result, ref.result)
-            row = with_parity(row, free, ref.result)
+            row, cpu = self.reference_of(row, result, reference)
+            if cpu is None:
+                return row
+            free = parity_of(result, cpu)
+            row = with_parity(row, free, cpu)
         spec = forced_spec(
             self.run_spec(job.model, settings, device=DEVICES["cpu"], reference=True, post_load=""),
             tuple(int(t) for t in result.get("tokens") or ()),

@@ -19,14 +19,14 @@ from dataclasses import replace
 from typing import Any, ClassVar
 
 from pytest_neuron_support.base.model import ModelSpec
-from pytest_neuron_support.cpu.reference import ReferenceRun
+from pytest_neuron_support.cpu.reference import ReferenceRun, reference_result
 from pytest_neuron_support.data.records import Row
 from pytest_neuron_support.devices.table import DeviceKind
 from pytest_neuron_support.planning.planner import ModelShape, Plan, distributed_configs, inspect_model
 from pytest_neuron_support.run.context import Job
 from pytest_neuron_support.run.runscript import RunSpec
 from pytest_neuron_support.run.settings import Settings
-from pytest_neuron_support.verdict.decide import Decision, repeat_differs
+from pytest_neuron_support.verdict.decide import Decision, repeat_differs, run_failed
 from pytest_neuron_support.verdict.tokens import repeat_divergence
 
 #: Graphs a run with static shapes needs: one decoding-step graph (generate() runs the prefill
@@ -205,6 +205,18 @@ class Task:
     def compare(self, row: Row, model: ModelSpec, result: Mapping[str, Any], reference: Mapping[str, Any]) -> Row:
         """The device ``result`` against the CPU ``reference``: the evidence, into the row's columns."""
         raise NotImplementedError(f"{self.name}: no comparison with a CPU reference")
+
+    def reference_of(
+        self, row: Row, result: Mapping[str, Any], reference: ReferenceRun
+    ) -> tuple[Row, Mapping[str, Any] | None]:
+        """The free-running CPU reference's result for the device ``result`` (cached for its commit, or run
+        beside it), with its dtype and timing in the row; (the row decided ERROR at ``reference``, None)
+        when the reference could not run."""
+        ref = reference_result(reference, result.get("commit"))
+        row = replace(row, reference_dtype=ref.dtype, reference_s=ref.wall_s, reference_cached=ref.cached)
+        if ref.failure is not None:
+            return replace(row, **run_failed(ref.failure[0], "reference", ref.failure[1]).fields()), None
+        return row, ref.result
 
     def decide(self, job: Job, row: Row, result: Mapping[str, Any], reference: ReferenceRun | None) -> Row:
         """The inference check's verdict of a device run that finished and repeated itself: the CPU

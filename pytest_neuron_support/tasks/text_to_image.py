@@ -31,7 +31,7 @@ from typing import Any, ClassVar
 from pytest_neuron_support.base.model import DEFAULT_PROMPT, ModelSpec
 from pytest_neuron_support.base.redaction import scrub
 from pytest_neuron_support.base.storage import write_atomic
-from pytest_neuron_support.cpu.reference import ReferenceRun, reference_result
+from pytest_neuron_support.cpu.reference import ReferenceRun
 from pytest_neuron_support.data import hub
 from pytest_neuron_support.data.records import Row
 from pytest_neuron_support.planning.planner import (
@@ -140,15 +140,13 @@ class TextToImage(Task):
 
     def decide(self, job: Job, row: Row, result: Mapping[str, Any], reference: ReferenceRun | None) -> Row:
         assert reference is not None
-        ref = reference_result(reference, result.get("commit"))
-        row = replace(row, reference_dtype=ref.dtype, reference_s=ref.wall_s, reference_cached=ref.cached)
-        if ref.failure is not None:
-            return replace(row, **decide.run_failed(ref.failure[0], "reference", ref.failure[1]).fields())
-        assert ref.result is not None
-        row = self.compare(row, job.model, result, ref.result)
+        row, cpu = self.reference_of(row, result, reference)
+        if cpu is None:
+            return row
+        row = self.compare(row, job.model, result, cpu)
         if result.get("image"):
             row = replace(row, image=_in_results(job, job.workdir / "device" / str(result["image"])))
-        png = ref.result.get("image_png")
+        png = cpu.get("image_png")
         if png:  # the CPU's image beside the device's, cached or not
             image = write_atomic(job.workdir / "reference" / "image.png", base64.b64decode(png))
             row = replace(row, reference_image=_in_results(job, image))
