@@ -61,6 +61,39 @@ def _expect_update(args: argparse.Namespace) -> int:
     return 0
 
 
+def _coverage(args: argparse.Namespace) -> int:
+    from pytest_neuron_support.catalog.coverage import EXCLUDED, MISSING, coverage
+    from pytest_neuron_support.catalog.load import CatalogError, load_catalog
+
+    try:
+        catalog = load_catalog(Path(args.models_file))
+    except CatalogError as exc:
+        print(f"neuron-support coverage: {exc}", file=sys.stderr)
+        return 2
+    complete = True
+    for task in coverage(catalog, args.task or None):
+        if task.registry is None:
+            print(f"{task.task}: not tracked (no registry says which architectures do this task)")
+            continue
+        counts = ", ".join(f"{len(task.named(status))} {status}" for status in ("covered", EXCLUDED, MISSING))
+        print(f"{task.task} ({task.registry}, {len(task.architectures)} architectures): {counts}")
+        for arch in task.architectures if args.list else task.named(MISSING):
+            said = arch.reason if arch.status == EXCLUDED else ", ".join(arch.entries) or "neither covered nor excluded"
+            print(f"  {arch.status:<8} {arch.name} ({arch.model_class}): {said}")
+        for name in task.stale:
+            print(f"  stale    {name}: excluded under coverage: {task.task}, but the registry no longer maps it")
+        for name in task.contradictions:
+            print(f"  both     {name}: excluded under coverage: {task.task}, and a Selected entry covers it")
+        complete = complete and task.complete
+    if not complete:
+        print(
+            f"{args.models_file}: select a checkpoint tagged with each missing architecture, or leave it out with "
+            "its reason under the top-level 'coverage:'; drop stale and contradicted exclusions",
+            file=sys.stderr,
+        )
+    return 0 if complete else 1
+
+
 def _show(args: argparse.Namespace) -> int:
     from pytest_neuron_support.checks.registry import named_test
     from pytest_neuron_support.data.dataset import read_dataset
@@ -537,6 +570,15 @@ def build_parser() -> argparse.ArgumentParser:
     update.add_argument("results_dir", metavar="RESULTS", help="a results directory (its data/*.parquet)")
     update.add_argument("--models-file", default="models.yaml", help="the catalog to update (default models.yaml)")
     update.set_defaults(func=_expect_update)
+    cover = sub.add_parser(
+        "coverage",
+        help="every architecture the installed transformers/diffusers map for each catalog task: covered by a "
+        "Selected entry, excluded with a reason, or missing (exit 1 when any is missing)",
+    )
+    cover.add_argument("--models-file", default="models.yaml", help="the catalog (default models.yaml)")
+    cover.add_argument("--task", action="append", metavar="TASK", help="only this task (repeatable)")
+    cover.add_argument("--list", action="store_true", help="list every architecture, not only the missing")
+    cover.set_defaults(func=_coverage)
     zoo_parser = sub.add_parser("zoo", help="the tiny random-weight checkpoints used to test offline")
     zoo_sub = zoo_parser.add_subparsers(dest="zoo_command", required=True)
     build = zoo_sub.add_parser("build", help="build tiny checkpoints into a Hugging Face hub cache")

@@ -853,3 +853,105 @@ def test_a_text_to_image_row_shows_the_device_and_cpu_images_side_by_side(browse
     browser.find_element(By.CSS_SELECTOR, "button.model[data-model='org/gone']").click()
     assert wait_for(lambda: "org/gone" in browser.find_element(By.ID, "detail").text)
     assert browser.find_elements(By.CSS_SELECTOR, "#detail figure.image img") == []
+
+
+def census_rows() -> list[Row]:
+    """A census on one stack (source census): one architecture compiles to one graph, one recompiles past the
+    limit, one breaks the graph and its teacher-forced check disagrees; and a Selected model's row."""
+
+    def census(arch: str, result: str, **kwargs: Any) -> Row:
+        return make_row(f"census/{arch}", result, NEW, source="census", device="cpu", **kwargs)
+
+    return [
+        census(
+            "llama",
+            "PASS",
+            graphs_compiled=1,
+            graph_breaks=0,
+            recompiles=0,
+            positions_checked=16,
+            positions_disagreeing=0,
+            verdict_basis="parity+teacher-forced",
+        ),
+        census(
+            "gemma3_text",
+            "PASS",
+            graphs_compiled=9,
+            excess_graphs=8,
+            graph_breaks=0,
+            recompiles=8,
+            recompile_limit="cache_size_limit reached",
+            positions_checked=16,
+            positions_disagreeing=0,
+        ),
+        census(
+            "mamba",
+            "FAIL",
+            failure_stage="parity",
+            graphs_compiled=3,
+            excess_graphs=2,
+            graph_breaks=2,
+            graph_break_reasons=("Unsupported: call_function torch._C._nn.scan",),
+            recompiles=0,
+            positions_checked=16,
+            positions_disagreeing=4,
+            error=f"parity: {XSS}",
+        ),
+        make_row("org/alpha-1b", "ERROR", NEW, failure_stage="compile", error="RuntimeError: boom"),
+    ]
+
+
+def test_architectures_view_shows_the_census_and_keeps_it_out_of_selected_and_failures(
+    browser: Any, tmp_path: Path
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    write_rows(tmp_path / "results", census_rows())
+    done = cli("report", "--results-dir", str(tmp_path / "results"), "--out", str(tmp_path / "s"), "--no-hub")
+    assert done.returncode == 0, done.stderr
+    browser.get((tmp_path / "s" / "index.html").as_uri())
+    assert wait_for(lambda: browser.execute_script("return document.body.dataset.ready") == "true")
+    # Selected lists the model checked (beside the catalog's), not the census's tiny random models.
+    selected = table(browser)
+    assert selected["org/alpha-1b"] == "ERROR" and not [m for m in selected if m.startswith("census/")]
+    browser.find_element(By.ID, "view-census").click()
+    assert wait_for(lambda: browser.find_element(By.ID, "census-view").is_displayed())
+    assert not browser.find_element(By.ID, "models").is_displayed()
+
+    def shown() -> dict[str, tuple[str | None, str | None, list[str]]]:
+        return {
+            tr.get_attribute("data-architecture"): (
+                tr.get_attribute("data-result"),
+                tr.get_attribute("data-one-graph"),
+                [td.text for td in tr.find_elements(By.TAG_NAME, "td")],
+            )
+            for tr in browser.find_elements(By.CSS_SELECTOR, "#census tbody tr")
+        }
+
+    rows = wait_for(shown)
+    assert sorted(rows) == ["gemma3_text", "llama", "mamba"]
+    assert rows["llama"][:2] == ("PASS", "true") and rows["llama"][2][2:7] == ["1", "0", "0", "", "agrees (16)"]
+    assert rows["gemma3_text"][:2] == ("PASS", "false") and rows["gemma3_text"][2][5] == "cache_size_limit reached"
+    assert "(recompile limit: eager)" in rows["gemma3_text"][2][1]
+    assert rows["mamba"][:2] == ("FAIL", "false") and rows["mamba"][2][6] == "4 of 16 disagree"
+    info = browser.find_element(By.ID, "census-info").text
+    assert "3 architecture(s) on " in info
+    assert "1 compile to exactly one decoding graph, 1 break the graph, 1 hit the recompile limit" in info
+    breaks = browser.find_element(By.CSS_SELECTOR, "#census tr[data-architecture='mamba'] td:nth-child(4)")
+    assert breaks.get_attribute("title") == "Unsupported: call_function torch._C._nn.scan"
+    # The search narrows by architecture; an architecture opens its row's detail; hostile text stays text.
+    browser.find_element(By.ID, "search").send_keys("gemma")
+    assert wait_for(lambda: sorted(shown()) == ["gemma3_text"])
+    browser.find_element(By.ID, "search").clear()
+    browser.find_element(By.ID, "search").send_keys("mamba")
+    assert wait_for(lambda: sorted(shown()) == ["mamba"])
+    browser.find_element(By.CSS_SELECTOR, "#census button.model[data-model='census/mamba']").click()
+    assert wait_for(browser.find_element(By.ID, "detail").is_displayed)
+    assert browser.execute_script("return window.__xss === undefined")
+    browser.find_element(By.ID, "detail-close").click()
+    # The Failures view counts the Selected model's failure, not the census's.
+    browser.find_element(By.ID, "search").clear()
+    browser.find_element(By.ID, "search").send_keys("a")  # clear() fires no input event: the search stays
+    browser.find_element(By.ID, "view-failures").click()
+    models = wait_for(lambda: [b.text for b in browser.find_elements(By.CSS_SELECTOR, "#failures button.model")])
+    assert models == ["org/alpha-1b"]

@@ -10,8 +10,9 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import yaml
@@ -39,6 +40,10 @@ TASKS: tuple[str, ...] = tuple(TASK_TABLE)
 # no '--' or '..', at most 96 characters per part. Anchored so no entry can be a path.
 _HUB_PART = r"[A-Za-z0-9](?:[A-Za-z0-9_.-]{0,94}[A-Za-z0-9_])?"
 _HUB_ID = re.compile(rf"^{_HUB_PART}/{_HUB_PART}$")
+
+#: What a catalog's rows say they came from (its top-level ``source:``): the Selected catalog and its like,
+#: or the compile-readiness census (benchmarks/census.py), whose rows the viewer shows apart.
+SOURCES: tuple[str, ...] = ("catalog", "census")
 
 #: The fields a catalog entry may set.
 ENTRY_FIELDS: tuple[str, ...] = (
@@ -116,12 +121,16 @@ class Catalog:
             revision}``), None for the default; ``--judge-model`` overrides it. A catalog of
             tiny random models names a judge that exists offline.
         judge_revision: its revision.
+        coverage: the architectures the catalog deliberately leaves out, per task (top-level
+            ``coverage: {<task>: [{reason, architectures: [...]}, ...]}``): architecture -> reason.
+            ``neuron-support coverage`` (catalog/coverage.py) marks them excluded.
     """
 
     path: Path
     models: tuple[ModelSpec, ...]
     judge_model: str | None = None
     judge_revision: str = DEFAULT_REVISION
+    coverage: Mapping[str, Mapping[str, str]] = field(default_factory=lambda: MappingProxyType({}))
 
 
 def load_catalog(path: Path) -> Catalog:
@@ -156,16 +165,33 @@ def parse_catalog(text: str, shown: str, path: Path | None = None) -> Catalog:
         )
     models_node: yaml.Node | None = None
     judge: tuple[str | None, str] = (None, DEFAULT_REVISION)
+    coverage: Mapping[str, Mapping[str, str]] = MappingProxyType({})
+    source = "catalog"
     for key_node, value_node in root.value:
         if key_node.value == "judge":
             judge = _parse_judge(value_node, shown)
+            continue
+        if key_node.value == "coverage":
+            coverage = _parse_coverage(value_node, shown)
+            continue
+        if key_node.value == "source":
+            source = _construct(value_node)
+            if source not in SOURCES:
+                raise CatalogError(
+                    shown,
+                    "unknown catalog source",
+                    line=value_node.start_mark.line + 1,
+                    field="source",
+                    value=source,
+                    fix=f"use one of {', '.join(SOURCES)} (census: benchmarks/census.py's catalog)",
+                )
             continue
         if key_node.value != "models":
             raise CatalogError(
                 shown,
                 f"unknown top-level key {key_node.value!r}",
                 line=key_node.start_mark.line + 1,
-                fix="top-level keys are 'models' and 'judge'",
+                fix="top-level keys are 'models', 'judge', 'coverage' and 'source'",
             )
         models_node = value_node
     if models_node is None or not isinstance(models_node, yaml.SequenceNode):
@@ -176,7 +202,7 @@ def parse_catalog(text: str, shown: str, path: Path | None = None) -> Catalog:
     specs: list[ModelSpec] = []
     seen: dict[str, int] = {}
     for node in models_node.value:
-        spec = _parse_entry(node, shown)
+        spec = _parse_entry(node, shown, source)
         if spec.id in seen:
             raise CatalogError(
                 shown,
@@ -189,7 +215,90 @@ def parse_catalog(text: str, shown: str, path: Path | None = None) -> Catalog:
             )
         seen[spec.id] = spec.line
         specs.append(spec)
-    return Catalog(path=path or Path(shown), models=tuple(specs), judge_model=judge[0], judge_revision=judge[1])
+    return Catalog(
+        path=path or Path(shown),
+        models=tuple(specs),
+        judge_model=judge[0],
+        judge_revision=judge[1],
+        coverage=coverage,
+    )
+
+
+#: How a ``coverage:`` exclusion is written (the errors' fix).
+COVERAGE_EXAMPLE = (
+    "write 'coverage:' then '  text-generation:' then '    - {reason: \"why\", architectures: [bert, bart]}'"
+)
+
+
+def _parse_coverage(node: yaml.Node, shown: str) -> Mapping[str, Mapping[str, str]]:
+    """The top-level ``coverage:``: per task, groups of architectures left out with one reason each."""
+    if not isinstance(node, yaml.MappingNode):
+        raise CatalogError(
+            shown, "'coverage' must be a mapping of tasks", line=node.start_mark.line + 1, fix=COVERAGE_EXAMPLE
+        )
+    tracked = [name for name, task in TASK_TABLE.items() if task.registry is not None]
+    coverage: dict[str, Mapping[str, str]] = {}
+    for task_node, groups_node in node.value:
+        task, line = task_node.value, task_node.start_mark.line + 1
+        if task not in tracked:
+            raise CatalogError(
+                shown,
+                "not a task whose architectures coverage tracks",
+                line=line,
+                field="coverage",
+                value=task,
+                fix=f"use one of {', '.join(tracked)}",
+            )
+        if not isinstance(groups_node, yaml.SequenceNode):
+            raise CatalogError(
+                shown, f"coverage of {task} must be a list of groups", line=line, field="coverage", fix=COVERAGE_EXAMPLE
+            )
+        reasons: dict[str, str] = {}
+        first: dict[str, int] = {}
+        for group_node in groups_node.value:
+            group, at = _construct(group_node), group_node.start_mark.line + 1
+            if not isinstance(group, dict) or set(group) != {"reason", "architectures"}:
+                raise CatalogError(
+                    shown,
+                    f"each group under coverage: {task} needs exactly 'reason' and 'architectures'",
+                    line=at,
+                    field="coverage",
+                    value=group,
+                    fix=COVERAGE_EXAMPLE,
+                )
+            reason, names = group["reason"], group["architectures"]
+            if not isinstance(reason, str) or not reason.strip():
+                raise CatalogError(
+                    shown,
+                    "a coverage exclusion needs its reason",
+                    line=at,
+                    field="coverage",
+                    value=reason,
+                    fix="say why these architectures are left out",
+                )
+            if not isinstance(names, list) or not names or not all(isinstance(n, str) and n for n in names):
+                raise CatalogError(
+                    shown,
+                    "'architectures' must be a non-empty list of names",
+                    line=at,
+                    field="coverage",
+                    value=names,
+                    fix="list model_type names, e.g. [bert, bart]",
+                )
+            for name in names:
+                if name in first:
+                    raise CatalogError(
+                        shown,
+                        f"architecture excluded twice under coverage: {task} (first at line {first[name]})",
+                        line=at,
+                        field="coverage",
+                        value=name,
+                        fix="list each architecture in one group",
+                    )
+                first[name] = at
+                reasons[name] = reason.strip()
+        coverage[task] = MappingProxyType(reasons)
+    return MappingProxyType(coverage)
 
 
 def _parse_judge(node: yaml.Node, shown: str) -> tuple[str | None, str]:
@@ -224,7 +333,7 @@ def _construct(node: yaml.Node) -> Any:
         loader.dispose()
 
 
-def _parse_entry(node: yaml.Node, shown: str) -> ModelSpec:
+def _parse_entry(node: yaml.Node, shown: str, source: str = "catalog") -> ModelSpec:
     line = node.start_mark.line + 1
     if not isinstance(node, yaml.MappingNode):
         raise CatalogError(
@@ -314,7 +423,7 @@ def _parse_entry(node: yaml.Node, shown: str) -> ModelSpec:
         extra_packages=extra,
         exclude=exclusion,
         tags=tags,
-        source="catalog",
+        source=source,
         line=line,
         min_cosine=min_cosine,
         timeout=None if timeout is None else float(timeout),

@@ -363,6 +363,7 @@ def render_card(results_dir: Path) -> str:
         "",
         "```python",
         "import pandas as pd",
+        "",  # a blank line after the import: the card's Python is as ruff formats it
         'df = pd.read_parquet("data")',
         'df[(df.neuronx_cc == "<version>") & (df.result == "PASS")][["model_id", "neuron_cores"]]',
         "```",

@@ -185,7 +185,10 @@ class Row:
     )
     source: str = field(
         default="catalog",
-        metadata=_doc("catalog, cli (--model ID), local (--model ./dir) or test (a user's test: see the test column)"),
+        metadata=_doc(
+            "catalog, cli (--model ID), local (--model ./dir), test (a user's test: see the test column) or census "
+            "(benchmarks/census.py: one tiny random model per architecture)"
+        ),
     )
     test: str = field(
         default="",

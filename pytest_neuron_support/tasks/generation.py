@@ -123,6 +123,10 @@ class ImageTextToText(TextGeneration):
     template."""
 
     auto_class: ClassVar[str] = "AutoModelForImageTextToText"
+    registry: ClassVar[tuple[str, str] | None] = (
+        "transformers.models.auto.modeling_auto",
+        "MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES",
+    )
     inputs: ClassVar[str] = "vision"
     code: ClassVar[tuple[str, ...]] = ("vision.py", "generation.py")
 

@@ -32,6 +32,10 @@ class SpeechRecognition(TextGeneration):
     """``AutoModelForSpeechSeq2Seq`` and its processor; the waveform of :data:`AUDIO`."""
 
     auto_class: ClassVar[str] = "AutoModelForSpeechSeq2Seq"
+    registry: ClassVar[tuple[str, str] | None] = (
+        "transformers.models.auto.modeling_auto",
+        "MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES",
+    )
     inputs: ClassVar[str] = "audio"
     code: ClassVar[tuple[str, ...]] = ("audio.py", "generation.py")
     takes_prompt: ClassVar[bool] = False

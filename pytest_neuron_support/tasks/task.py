@@ -54,6 +54,9 @@ class Task:
         generates: it generates tokens (``--max-new-tokens`` applies; the training check may apply).
         pipeline: users reach for ``transformers.pipeline(<name>)`` for it: the pipeline check applies, with
             its :attr:`pipeline_fragments` (the task's inputs fragment gives the pipeline's call).
+        registry: where the installed library lists every architecture it maps for this task, as
+            ``(module, mapping)``: ``neuron-support coverage`` marks each covered, excluded or missing
+            (catalog/coverage.py). None where no registry says which architectures do the task.
     """
 
     library: ClassVar[str] = "transformers"
@@ -66,6 +69,10 @@ class Task:
     cosine: ClassVar[bool] = False
     generates: ClassVar[bool] = True
     pipeline: ClassVar[bool] = True
+    registry: ClassVar[tuple[str, str] | None] = (
+        "transformers.models.auto.modeling_auto",
+        "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",
+    )
 
     def __init__(self, name: str) -> None:
         self.name = name

@@ -98,6 +98,12 @@ class TextToImage(Task):
 
     library: ClassVar[str] = "diffusers"
     auto_class: ClassVar[str] = "DiffusionPipeline"
+    # diffusers' AutoPipelineForText2Image families (stable-diffusion, flux, ...): a catalog entry covers one
+    # by carrying its name as a tag.
+    registry: ClassVar[tuple[str, str] | None] = (
+        "diffusers.pipelines.auto_pipeline",
+        "AUTO_TEXT2IMAGE_PIPELINES_MAPPING",
+    )
     inputs: ClassVar[str] = "text-to-image"
     code: ClassVar[tuple[str, ...]] = ("text_to_image.py",)
     generates: ClassVar[bool] = False

@@ -419,7 +419,11 @@ def report_data(
     )
     # The Failures view: each stack's signatures by the models they block, made by the function
     # `neuron-support failures` prints, so the page and the terminal group alike.
-    failures = {stem: [b.to_dict() for b in blockers(stack_rows)] for stem, stack_rows in sorted(by_stack.items())}
+    # Census rows (tiny random models, one per architecture) have the Architectures view, not this one.
+    failures = {
+        stem: [b.to_dict() for b in blockers([r for r in stack_rows if r.source != "census"])]
+        for stem, stack_rows in sorted(by_stack.items())
+    }
     return {
         "generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "plugin_version": __version__,

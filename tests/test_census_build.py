@@ -1,0 +1,190 @@
+"""The census: tiny random causal LMs built offline from transformers' default configs, installed in a
+Hub cache as ``census/<model_type>``.
+
+Real builds, no mocks, of a few architectures only (a dense one, gpt2's renamed fields, a MoE); the
+whole census (about 200 architectures) is for a person to run, not for the suite.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pytest_neuron_support.zoo import census
+from pytest_neuron_support.zoo.census import CENSUS_ORG, CensusBuild, build_census, census_architectures
+from pytest_neuron_support.zoo.hubcache import _snapshot_path, installed
+
+REPO = Path(__file__).resolve().parent.parent
+BUILT = ("llama", "gpt2", "qwen3_moe")
+UNKNOWN = "not_a_model_type"
+MAX_PARAMETERS = 5_000_000
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[CensusBuild], list[CensusBuild]]:
+    """One census build (module-wide: the tokenizer alone takes seconds): the cache, the results and
+    what the progress callback saw."""
+    cache = tmp_path_factory.mktemp("census") / "hub"
+    seen: list[CensusBuild] = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HF_HUB_OFFLINE", "1")
+        results = build_census(cache, [*BUILT, UNKNOWN], progress=seen.append)
+    return cache, results, seen
+
+
+def _clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING_FACE", "TRANSFORMERS_"))}
+    env.update(extra)
+    return env
+
+
+def test_architectures_are_the_causal_lm_mapping() -> None:
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    archs = census_architectures()
+    assert archs == tuple(sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES))
+    assert set(BUILT) <= set(archs)
+    assert UNKNOWN not in archs
+
+
+def test_one_result_per_model_type_in_order(built: tuple[Path, list[CensusBuild], list[CensusBuild]]) -> None:
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    cache, results, seen = built
+    assert [r.model_type for r in results] == [*BUILT, UNKNOWN]
+    assert seen == results
+    for r in results[: len(BUILT)]:
+        assert r.step is None and r.error is None, r
+        assert r.repo_id == f"{CENSUS_ORG}/{r.model_type}"
+        assert r.model_class == MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[r.model_type]
+        assert r.parameters is not None and 0 < r.parameters < MAX_PARAMETERS
+        assert installed(cache, r.repo_id)
+
+
+def test_unknown_model_type_is_reported_not_raised(
+    built: tuple[Path, list[CensusBuild], list[CensusBuild]],
+) -> None:
+    cache, results, _ = built
+    unknown = results[-1]
+    assert unknown == CensusBuild(UNKNOWN, None, "", None, "config", unknown.error)
+    assert unknown.error is not None and unknown.error.startswith("KeyError: ") and UNKNOWN in unknown.error
+    assert not installed(cache, f"{CENSUS_ORG}/{UNKNOWN}")
+
+
+def test_built_models_load_and_generate_offline(built: tuple[Path, list[CensusBuild], list[CensusBuild]]) -> None:
+    """In a fresh process with only HF_HUB_CACHE and HF_HUB_OFFLINE=1, as a user loads them: by repo id,
+    model and tokenizer, and greedy generation runs."""
+    cache, results, _ = built
+    code = f"""
+import json, torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers")
+FIELDS += ("num_experts", "num_experts_per_tok", "moe_intermediate_size")
+out = {{}}
+for mt in {list(BUILT)!r}:
+    repo = "{CENSUS_ORG}/" + mt
+    tok = AutoTokenizer.from_pretrained(repo)
+    model = AutoModelForCausalLM.from_pretrained(repo)
+    enc = tok("the quick brown fox", return_tensors="pt")
+    with torch.no_grad():
+        ids = model.generate(**enc, max_new_tokens=6, min_new_tokens=6)
+    out[mt] = {{
+        "class": type(model).__name__,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "new_tokens": ids[0, enc["input_ids"].shape[1]:].tolist(),
+        "text": tok.decode(ids[0]),
+        "vocab": len(tok),
+        "config": {{k: getattr(model.config, k, None) for k in FIELDS}},
+        "do_sample": GenerationConfig.from_pretrained(repo).do_sample,
+    }}
+print(json.dumps(out))
+"""
+    env = _clean_env(HF_HUB_CACHE=str(cache), HF_HUB_OFFLINE="1")
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600, cwd=REPO, check=False
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    by_type = {r.model_type: r for r in results}
+    for mt in BUILT:
+        got = out[mt]
+        assert got["class"] == by_type[mt].model_class
+        assert got["parameters"] == by_type[mt].parameters
+        assert len(got["new_tokens"]) == 6 and all(0 <= t < got["vocab"] for t in got["new_tokens"])
+        assert got["text"].startswith("the quick brown fox")
+        assert got["do_sample"] is False
+        cfg = got["config"]
+        assert cfg["vocab_size"] == got["vocab"]
+        assert (cfg["hidden_size"], cfg["num_hidden_layers"]) == (64, 2)  # gpt2's n_embd and n_layer too
+    moe = out["qwen3_moe"]["config"]
+    assert (moe["num_experts"], moe["num_experts_per_tok"], moe["moe_intermediate_size"]) == (4, 2, 32)
+
+
+def test_model_card_says_what_it_is(built: tuple[Path, list[CensusBuild], list[CensusBuild]]) -> None:
+    import transformers
+
+    cache, _, _ = built
+    snapshot = _snapshot_path(cache, f"{CENSUS_ORG}/llama")
+    assert snapshot is not None
+    card = (snapshot / "README.md").read_text()
+    assert "Random weights" in card
+    assert f"transformers {transformers.__version__}'s default `LlamaConfig`" in card
+    assert "LlamaForCausalLM" in card
+    files = {p.name for p in snapshot.iterdir()}
+    assert {"config.json", "model.safetensors", "generation_config.json", "tokenizer.json"} <= files
+
+
+def test_second_call_reuses_installed_models(
+    built: tuple[Path, list[CensusBuild], list[CensusBuild]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Installed with the current fingerprint: nothing is rebuilt (not even the tokenizer), the
+    snapshots stay as they are, and the results are the same."""
+    cache, results, _ = built
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+    def no_build(out_dir: Path) -> None:
+        raise AssertionError("the tokenizer was built again: something was rebuilt")
+
+    monkeypatch.setattr(census, "_build_tokenizer", no_build)
+    before = {}
+    for mt in BUILT:
+        snapshot = _snapshot_path(cache, f"{CENSUS_ORG}/{mt}")
+        assert snapshot is not None
+        before[mt] = (snapshot, (snapshot / "model.safetensors").resolve().stat().st_mtime_ns)
+    again = build_census(cache, [*BUILT, UNKNOWN])
+    assert again == results
+    for mt, (snapshot, mtime) in before.items():
+        assert _snapshot_path(cache, f"{CENSUS_ORG}/{mt}") == snapshot
+        assert (snapshot / "model.safetensors").resolve().stat().st_mtime_ns == mtime
+
+
+def test_too_large_after_shrinking_is_reported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An architecture the rules leave above the size limit fails at the model step, with its count,
+    and nothing is installed (the limit is lowered here; every real architecture is far below it)."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(census, "_MAX_PARAMETERS", 1000)
+    (result,) = build_census(tmp_path, ["gpt2"])
+    assert result.step == "model" and result.repo_id is None
+    assert result.parameters is not None and result.parameters > 1000
+    assert result.error == f"too large after shrinking: {result.parameters} params"
+    assert not installed(tmp_path, f"{CENSUS_ORG}/gpt2")
+
+
+@pytest.mark.parametrize(
+    ("model_type", "kinds"),
+    [
+        # one layer of each kind survives the cut to a tiny depth
+        ("gemma3_text", ["sliding_attention", "full_attention"]),
+        ("qwen3_next", ["linear_attention", "full_attention"]),
+    ],
+)
+def test_shrinking_keeps_each_layer_kind(model_type: str, kinds: list[str]) -> None:
+    config = census._shrunk_config(model_type, 768, {"<s>": 2, "</s>": 1, "<pad>": 0})
+    assert config.layer_types == kinds
+    assert config.num_hidden_layers == len(kinds)
+    assert (config.hidden_size, config.num_attention_heads, config.vocab_size) == (64, 4, 768)
