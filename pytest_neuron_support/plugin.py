@@ -22,9 +22,9 @@ from typing import Any
 
 import pytest
 
-# The suite's verdict is a plain assert: rewritten, so pytest_assertrepr_compare explains it (this
-# must come before anything imports the suite).
-pytest.register_assert_rewrite(f"{__package__}.session.suite")
+# The suite's verdict is a plain assert, made in the suite or in the handle's assert_as_expected():
+# rewritten, so pytest_assertrepr_compare explains it (this must come before anything imports them).
+pytest.register_assert_rewrite(f"{__package__}.session.suite", f"{__package__}.session.handles")
 
 from pytest_neuron_support.session import controller, explain, fixtures, hooks, options, reporting  # noqa: E402
 from pytest_neuron_support.session import items as catalog_items  # noqa: E402
