@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from pytest_neuron_support.zoo import census
-from pytest_neuron_support.zoo.census import CENSUS_ORG, CensusBuild, build_census, census_architectures
+from pytest_neuron_support.zoo.census import CENSUS_ORG, CensusBuild, census_architectures
 from pytest_neuron_support.zoo.hubcache import _snapshot_path, installed
 
 REPO = Path(__file__).resolve().parent.parent
@@ -25,15 +25,41 @@ UNKNOWN = "not_a_model_type"
 MAX_PARAMETERS = 5_000_000
 
 
+def in_fresh_process(setup: str, call: str) -> tuple[list[CensusBuild], list[CensusBuild]]:
+    """``build_census`` called in a Python process of its own (``setup`` first, e.g. a lowered limit),
+    its results and what its progress callback saw read back. A build runs torch, tokenizers and
+    transformers in the calling process; an xdist worker that had run builds in-process later died of a
+    corrupted heap (SIGSEGV while garbage-collecting, ``SystemError: bad call flags`` importing torch), so
+    the suite's workers never build in-process."""
+    code = (
+        "import dataclasses, json\n"
+        "from pytest_neuron_support.zoo import census\n"
+        "from pytest_neuron_support.zoo.census import build_census\n"
+        f"{setup}\n"
+        "seen = []\n"
+        f"results = {call}\n"
+        "print(json.dumps([[dataclasses.asdict(r) for r in results], [dataclasses.asdict(r) for r in seen]]))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env=_clean_env(HF_HUB_OFFLINE="1"),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=REPO,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    results, seen = json.loads(done.stdout.strip().splitlines()[-1])
+    return [CensusBuild(**r) for r in results], [CensusBuild(**r) for r in seen]
+
+
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[CensusBuild], list[CensusBuild]]:
     """One census build (module-wide: the tokenizer alone takes seconds): the cache, the results and
     what the progress callback saw."""
     cache = tmp_path_factory.mktemp("census") / "hub"
-    seen: list[CensusBuild] = []
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("HF_HUB_OFFLINE", "1")
-        results = build_census(cache, [*BUILT, UNKNOWN], progress=seen.append)
+    results, seen = in_fresh_process("", f"build_census({str(cache)!r}, {[*BUILT, UNKNOWN]!r}, progress=seen.append)")
     return cache, results, seen
 
 
@@ -139,36 +165,31 @@ def test_model_card_says_what_it_is(built: tuple[Path, list[CensusBuild], list[C
     assert {"config.json", "model.safetensors", "generation_config.json", "tokenizer.json"} <= files
 
 
-def test_second_call_reuses_installed_models(
-    built: tuple[Path, list[CensusBuild], list[CensusBuild]], monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_second_call_reuses_installed_models(built: tuple[Path, list[CensusBuild], list[CensusBuild]]) -> None:
     """Installed with the current fingerprint: nothing is rebuilt (not even the tokenizer), the
     snapshots stay as they are, and the results are the same."""
     cache, results, _ = built
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-
-    def no_build(out_dir: Path) -> None:
-        raise AssertionError("the tokenizer was built again: something was rebuilt")
-
-    monkeypatch.setattr(census, "_build_tokenizer", no_build)
     before = {}
     for mt in BUILT:
         snapshot = _snapshot_path(cache, f"{CENSUS_ORG}/{mt}")
         assert snapshot is not None
         before[mt] = (snapshot, (snapshot / "model.safetensors").resolve().stat().st_mtime_ns)
-    again = build_census(cache, [*BUILT, UNKNOWN])
+    refuse = (
+        "def no_build(out_dir):\n"
+        "    raise AssertionError('the tokenizer was built again: something was rebuilt')\n"
+        "census._build_tokenizer = no_build"
+    )
+    again, _ = in_fresh_process(refuse, f"build_census({str(cache)!r}, {[*BUILT, UNKNOWN]!r})")
     assert again == results
     for mt, (snapshot, mtime) in before.items():
         assert _snapshot_path(cache, f"{CENSUS_ORG}/{mt}") == snapshot
         assert (snapshot / "model.safetensors").resolve().stat().st_mtime_ns == mtime
 
 
-def test_too_large_after_shrinking_is_reported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_too_large_after_shrinking_is_reported(tmp_path: Path) -> None:
     """An architecture the rules leave above the size limit fails at the model step, with its count,
     and nothing is installed (the limit is lowered here; every real architecture is far below it)."""
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setattr(census, "_MAX_PARAMETERS", 1000)
-    (result,) = build_census(tmp_path, ["gpt2"])
+    (result,), _ = in_fresh_process("census._MAX_PARAMETERS = 1000", f"build_census({str(tmp_path)!r}, ['gpt2'])")
     assert result.step == "model" and result.repo_id is None
     assert result.parameters is not None and result.parameters > 1000
     assert result.error == f"too large after shrinking: {result.parameters} params"
