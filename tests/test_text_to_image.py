@@ -8,6 +8,7 @@ import json
 import shutil
 from pathlib import Path
 
+import huggingface_hub.constants
 import pandas as pd
 import pytest
 from faultkit import assert_outcomes
@@ -110,7 +111,12 @@ def pytest_neuron_support_post_load(config, model):
         assert device["denoiser"] == "unet" and device["denoiser_calls"] == len(calls)
 
 
-def test_the_planner_reads_a_pipeline_from_its_components_headers(offline_hub: Path, tmp_path: Path) -> None:
+def test_the_planner_reads_a_pipeline_from_its_components_headers(
+    offline_hub: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # This process's huggingface_hub read its cache folder at import (conftest): point it at the zoo's, as
+    # HF_HUB_CACHE points every subprocess there; on a fresh machine the default cache is empty.
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(offline_hub))
     snapshot = _snapshot(offline_hub, PIPELINE)
     index = json.loads((snapshot / "model_index.json").read_text())
     assert weighted_components(index) == ["text_encoder", "unet", "vae"]
@@ -139,7 +145,12 @@ def test_the_planner_reads_a_pipeline_from_its_components_headers(offline_hub: P
         read_pipeline_shape(ModelSpec(id=str(local), task="text-to-image", source="local"))
 
 
-def test_the_planner_reads_a_pipeline_through_the_hub_api(offline_hub: Path, tmp_path: Path) -> None:
+def test_the_planner_reads_a_pipeline_through_the_hub_api(
+    offline_hub: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # This process's huggingface_hub read its cache folder at import (conftest): point it at the zoo's, as
+    # HF_HUB_CACHE points every subprocess there; on a fresh machine the default cache is empty.
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(offline_hub))
     # The tiny pipeline's files served by the loopback Hub (tests/hubserver.py), nothing cached: the planner
     # reads model_index.json, lists the repository and reads each component's safetensors header with Range
     # requests, downloading no weight. The real client binds its endpoint at import: a fresh interpreter.
