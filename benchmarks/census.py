@@ -38,7 +38,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pytest_neuron_support.base.storage import write_atomic
-from pytest_neuron_support.data.dataset import read_dataset
+from pytest_neuron_support.data.dataset import latest_rows, read_dataset
 from pytest_neuron_support.data.records import Row
 from pytest_neuron_support.zoo.census import CensusBuild, build_census, census_architectures
 
@@ -115,10 +115,8 @@ def table(rows: Sequence[Row], builds: Sequence[CensusBuild]) -> str:
     """census.md: the architecture table, its counts, and what could not be built and why."""
     import transformers
 
-    newest: dict[str, Row] = {}
-    for row in rows:
-        if row.source == "census" and (row.model_id not in newest or row.timestamp > newest[row.model_id].timestamp):
-            newest[row.model_id] = row
+    # One census row per architecture: its newest.
+    newest = latest_rows((r for r in rows if r.source == "census"), key=lambda r: r.model_id)
     by_type = {b.model_type: b for b in builds}
     swept = sorted(newest.values(), key=lambda r: r.model_id)
     single = [r for r in swept if one_graph(r)]

@@ -24,6 +24,7 @@ import yaml
 from pytest_neuron_support.base.model import Expectation, ModelSpec
 from pytest_neuron_support.base.storage import write_atomic
 from pytest_neuron_support.catalog.load import load_catalog, parse_catalog
+from pytest_neuron_support.data.dataset import latest_rows
 from pytest_neuron_support.data.records import Row
 from pytest_neuron_support.verdict.expected import describe
 
@@ -68,15 +69,8 @@ def expectation_from(row: Row, before: Expectation | None) -> Expectation | None
 
 
 def newest_rows(rows: Iterable[Row]) -> dict[tuple[str, str], Row]:
-    """Each (model, check)'s newest catalog row (by timestamp) over every stack in ``rows``."""
-    newest: dict[tuple[str, str], Row] = {}
-    for row in rows:
-        if row.source != "catalog":
-            continue
-        key = (row.model_id, row.check)
-        if key not in newest or row.timestamp > newest[key].timestamp:
-            newest[key] = row
-    return newest
+    """Each (model, check)'s newest catalog row (by timestamp) over every stack and device in ``rows``."""
+    return latest_rows((r for r in rows if r.source == "catalog"), key=lambda r: (r.model_id, r.check))
 
 
 def planned_changes(models: Iterable[ModelSpec], rows: Mapping[tuple[str, str], Row]) -> list[Change]:

@@ -20,9 +20,10 @@ import os
 import shutil
 import uuid
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from filelock import FileLock
 
@@ -47,6 +48,9 @@ from pytest_neuron_support.verdict.training import (
     TRAIN_SEED,
     TRAIN_STEPS,
 )
+
+#: A key rows are grouped by (latest_rows).
+K = TypeVar("K")
 
 DATA_DIR = "data"
 PARTS_DIR = ".parts"
@@ -210,16 +214,18 @@ class Change:
 GATING: tuple[str, ...] = ("regressed", "unexpected-pass")
 
 
-def _latest(rows: Iterable[Row]) -> dict[tuple[str, str, str, str], Row]:
-    latest: dict[tuple[str, str, str, str], Row] = {}
+def latest_rows(rows: Iterable[Row], key: Callable[[Row], K]) -> dict[K, Row]:
+    """The newest row (by timestamp) of each ``key`` in ``rows`` (:func:`row_key`: of each model, device, test
+    and check)."""
+    latest: dict[K, Row] = {}
     for row in sorted(rows, key=lambda r: r.timestamp):
-        latest[row_key(row)] = row
+        latest[key(row)] = row
     return latest
 
 
 def diff_datasets(old_rows: Iterable[Row], new_rows: Iterable[Row]) -> list[Change]:
     """Compare each model's newest row in ``old_rows`` with its newest row in ``new_rows``."""
-    old, new = _latest(old_rows), _latest(new_rows)
+    old, new = latest_rows(old_rows, row_key), latest_rows(new_rows, row_key)
     changes = []
     for key in sorted(set(old) | set(new)):
         before = old[key].result if key in old else None
@@ -266,8 +272,8 @@ def diff_signatures(old_rows: Iterable[Row], new_rows: Iterable[Row]) -> list[Si
     """The failure signatures of each model's newest row in ``old_rows`` and in ``new_rows``
     (the rows :func:`diff_datasets` compares): appeared first, then disappeared, then persisting,
     each by the number of models it blocks."""
-    old = {b.signature: b.models for b in blockers(_latest(old_rows).values())}
-    new = {b.signature: b.models for b in blockers(_latest(new_rows).values())}
+    old = {b.signature: b.models for b in blockers(latest_rows(old_rows, row_key).values())}
+    new = {b.signature: b.models for b in blockers(latest_rows(new_rows, row_key).values())}
     changes = []
     for sig in set(old) | set(new):
         kind = "persisting" if sig in old and sig in new else "appeared" if sig in new else "disappeared"
