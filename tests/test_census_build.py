@@ -27,10 +27,10 @@ MAX_PARAMETERS = 5_000_000
 
 def in_fresh_process(setup: str, call: str) -> tuple[list[CensusBuild], list[CensusBuild]]:
     """``build_census`` called in a Python process of its own (``setup`` first, e.g. a lowered limit),
-    its results and what its progress callback saw read back. A build runs torch, tokenizers and
-    transformers in the calling process; an xdist worker that had run builds in-process later died of a
-    corrupted heap (SIGSEGV while garbage-collecting, ``SystemError: bad call flags`` importing torch), so
-    the suite's workers never build in-process."""
+    its results and what its progress callback saw read back. A build imports the modeling code of
+    every architecture it builds and keeps its models until it returns: in a process of its own, none
+    of that stays in the worker that runs the next tests. (The worker crashes first blamed on in-process
+    builds were torch imported twice, tests/librarykeeper.py.)"""
     code = (
         "import dataclasses, json\n"
         "from pytest_neuron_support.zoo import census\n"
