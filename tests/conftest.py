@@ -35,14 +35,6 @@ if _OWN_OMP:
     os.environ[_OMP_MARK] = "1"
     os.environ["OMP_NUM_THREADS"] = str(max(1, usable_cpus() // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))))
 
-# torch is imported here, once per process, before any test: pytester snapshots sys.modules when a test
-# asks for it and restores the snapshot afterwards, so a torch first imported during such a test (its
-# own model work, an in-process session) would be dropped from sys.modules, and the next import would
-# initialise torch._C a second time in this interpreter. That corrupts the heap: CI saw workers die
-# ("SystemError: ... bad call flags" importing torch, SIGSEGV in the garbage collector) in tests far
-# from the one that caused it. After OMP_NUM_THREADS above, which torch reads when it loads.
-import torch  # noqa: E402, F401
-
 
 @pytest.fixture(autouse=True)
 def _offline_subprocesses(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -48,6 +48,14 @@ def pipeline_hub(offline_hub: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPa
     return cache
 
 
+@pytest.fixture
+def zoo_cache_in_process(offline_hub: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """offline_hub's zoo cache for this process's huggingface_hub too (the planner reads it in-process).
+    huggingface_hub read its cache folder at import (conftest), before offline_hub set HF_HUB_CACHE for
+    the subprocesses; on a fresh machine that default cache is empty."""
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(offline_hub))
+
+
 def test_the_tiny_pipeline_passes_and_a_fault_in_one_denoising_step_fails_at_that_step(
     pytester: pytest.Pytester, pipeline_hub: Path
 ) -> None:
@@ -111,12 +119,8 @@ def pytest_neuron_support_post_load(config, model):
         assert device["denoiser"] == "unet" and device["denoiser_calls"] == len(calls)
 
 
-def test_the_planner_reads_a_pipeline_from_its_components_headers(
-    offline_hub: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # This process's huggingface_hub read its cache folder at import (conftest): point it at the zoo's, as
-    # HF_HUB_CACHE points every subprocess there; on a fresh machine the default cache is empty.
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(offline_hub))
+@pytest.mark.usefixtures("zoo_cache_in_process")
+def test_the_planner_reads_a_pipeline_from_its_components_headers(offline_hub: Path, tmp_path: Path) -> None:
     snapshot = _snapshot(offline_hub, PIPELINE)
     index = json.loads((snapshot / "model_index.json").read_text())
     assert weighted_components(index) == ["text_encoder", "unet", "vae"]
@@ -145,12 +149,8 @@ def test_the_planner_reads_a_pipeline_from_its_components_headers(
         read_pipeline_shape(ModelSpec(id=str(local), task="text-to-image", source="local"))
 
 
-def test_the_planner_reads_a_pipeline_through_the_hub_api(
-    offline_hub: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # This process's huggingface_hub read its cache folder at import (conftest): point it at the zoo's, as
-    # HF_HUB_CACHE points every subprocess there; on a fresh machine the default cache is empty.
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(offline_hub))
+@pytest.mark.usefixtures("zoo_cache_in_process")
+def test_the_planner_reads_a_pipeline_through_the_hub_api(offline_hub: Path, tmp_path: Path) -> None:
     # The tiny pipeline's files served by the loopback Hub (tests/hubserver.py), nothing cached: the planner
     # reads model_index.json, lists the repository and reads each component's safetensors header with Range
     # requests, downloading no weight. The real client binds its endpoint at import: a fresh interpreter.
