@@ -42,27 +42,55 @@ def _zoo_build(args: argparse.Namespace) -> int:
 
 
 def _expect_update(args: argparse.Namespace) -> int:
-    from pytest_neuron_support.catalog.expectations import update_catalog
+    from pytest_neuron_support.catalog.expectations import plan_update, update_catalog
     from pytest_neuron_support.catalog.load import CatalogError
-    from pytest_neuron_support.data.dataset import read_dataset
+    from pytest_neuron_support.data.dataset import NoDataset, require_dataset
 
-    rows = read_dataset(Path(args.results_dir))
-    if not rows:
-        print(f"neuron-support expect update: no rows under {args.results_dir}/data", file=sys.stderr)
+    command = "neuron-support expect update"
+    accept, reasons = args.accept or [], args.reason or []
+    # Each --accept takes the --reason that follows it: a count that differs cannot be paired.
+    if len(accept) != len(reasons):
+        print(
+            f"{command}: each --accept MODEL needs its own --reason (got {len(accept)} --accept, "
+            f"{len(reasons)} --reason); write --accept org/name --reason https://github.com/org/repo/issues/1",
+            file=sys.stderr,
+        )
+        return 2
+    if any(not reason.strip() for reason in reasons):
+        print(f"{command}: --reason must say why (the upstream issue's URL), not be empty", file=sys.stderr)
         return 2
     try:
-        changes = update_catalog(Path(args.models_file), rows)
-    except (CatalogError, OSError) as exc:
-        print(f"neuron-support expect update: {exc}", file=sys.stderr)
+        rows = require_dataset(Path(args.results_dir))
+        baseline = require_dataset(Path(args.baseline)) if args.baseline else []
+    except NoDataset as exc:
+        print(f"{command}: {exc}", file=sys.stderr)
         return 2
-    for change in changes:
+    path = Path(args.models_file)
+    accepted = {model: reason.strip() for model, reason in zip(accept, reasons, strict=True)}
+    try:
+        write = plan_update if args.dry_run else update_catalog
+        update = write(path, rows, baseline=baseline, accepted=accepted)
+    except (CatalogError, OSError) as exc:
+        print(f"{command}: {exc}", file=sys.stderr)
+        return 2
+    for change in update.changes:
         print(change)
-    print(f"{args.models_file}: {len(changes)} expectation(s) changed from {len(rows)} row(s)")
-    return 0
+    for refusal in update.refused:
+        print(refusal, file=sys.stderr)
+    for model in update.unused:
+        print(f"{command}: --accept {model}: no refused or failing row of it to accept", file=sys.stderr)
+    if args.dry_run:
+        sys.stdout.write(update.diff(path))
+        print(f"{path}: {len(update.changes)} expectation(s) would change from {len(rows)} row(s); nothing written")
+    else:
+        print(f"{path}: {len(update.changes)} expectation(s) changed from {len(rows)} row(s)")
+    if update.refused:
+        print(f"{path}: {len(update.refused)} row(s) refused (above): their expectations are as they were")
+    return 1 if update.refused or update.unused else 0
 
 
 def _coverage(args: argparse.Namespace) -> int:
-    from pytest_neuron_support.catalog.coverage import EXCLUDED, MISSING, coverage
+    from pytest_neuron_support.catalog.coverage import EXCLUDED, MISSING, coverage, tag_lines
     from pytest_neuron_support.catalog.load import CatalogError, load_catalog
 
     try:
@@ -84,11 +112,14 @@ def _coverage(args: argparse.Namespace) -> int:
             print(f"  stale    {name}: excluded under coverage: {task.task}, but the registry no longer maps it")
         for name in task.contradictions:
             print(f"  both     {name}: excluded under coverage: {task.task}, and a Selected entry covers it")
+        for line in tag_lines(task, every=args.list):
+            print(line)
         complete = complete and task.complete
     if not complete:
         print(
             f"{args.models_file}: select a checkpoint tagged with each missing architecture, or leave it out with "
-            "its reason under the top-level 'coverage:'; drop stale and contradicted exclusions",
+            "its reason under the top-level 'coverage:'; drop stale and contradicted exclusions; tag each entry with "
+            "its checkpoint's own model_type (a diffusers pipeline: its family)",
             file=sys.stderr,
         )
     return 0 if complete else 1
@@ -96,9 +127,13 @@ def _coverage(args: argparse.Namespace) -> int:
 
 def _show(args: argparse.Namespace) -> int:
     from pytest_neuron_support.checks.registry import named_test
-    from pytest_neuron_support.data.dataset import read_dataset
+    from pytest_neuron_support.data.dataset import NoDataset, near_tie_pass, require_dataset
 
-    rows = [r for r in read_dataset(Path(args.results_dir)) if r.model_id == args.model]
+    try:
+        rows = [r for r in require_dataset(Path(args.results_dir)) if r.model_id == args.model]
+    except NoDataset as exc:
+        print(f"neuron-support show: {exc}", file=sys.stderr)
+        return 2
     if not rows:
         print(
             f"neuron-support show: no rows for {args.model} under {Path(args.results_dir) / 'data'}; "
@@ -108,11 +143,14 @@ def _show(args: argparse.Namespace) -> int:
         return 1
     for row in sorted(rows, key=lambda r: (r.neuronx_cc, r.library_version, r.device, r.check, r.test)):
         stage = f" at {row.failure_stage}" if row.failure_stage else ""
+        # A PASS the tokens reached only through a near-tie is read apart from one whose tokens all agreed.
+        tie = " (near-tie)" if near_tie_pass(row) else ""
+        parity = f"  parity={row.parity_mode}" if row.parity_mode else ""
         # The test names the row: a catalog item and a user's test of one model are two rows.
         print(
             f"{named_test(row)}  neuronx-cc {row.neuronx_cc}  {row.library} {row.library_version}  {row.device}  "
             f"{row.check}: "
-            f"{row.result}{stage}  cores={row.neuron_cores}  run_s={row.run_s}  compile_s={row.compile_s}"
+            f"{row.result}{tie}{stage}{parity}  cores={row.neuron_cores}  run_s={row.run_s}  compile_s={row.compile_s}"
         )
         if row.error:
             print(f"    {row.error.splitlines()[0]}")
@@ -140,13 +178,30 @@ def _merge(args: argparse.Namespace) -> int:
 def _diff(args: argparse.Namespace) -> int:
     from pytest_neuron_support.data.dataset import (
         GATING,
+        NoDataset,
         blocking_summary,
         diff_datasets,
         diff_signatures,
         read_dataset,
+        require_dataset,
     )
 
-    old_rows, new_rows = read_dataset(Path(args.old)), read_dataset(Path(args.new))
+    old, new = Path(args.old), Path(args.new)
+    try:
+        new_rows = require_dataset(new)
+        # The baseline may be an empty folder made on purpose (no published dataset yet: `mkdir -p`), but
+        # not a folder that is not there: a mistyped baseline would make every row "new" and the gate green.
+        if not old.is_dir():
+            raise NoDataset(
+                f"{old} does not exist; pass the baseline's results folder, or an empty folder to diff against "
+                "no baseline"
+            )
+    except NoDataset as exc:
+        print(f"neuron-support diff: {exc}", file=sys.stderr)
+        return 2
+    old_rows = read_dataset(old)
+    if not old_rows:
+        print(f"{old} holds no dataset: no baseline, so every row is new (only unexpected passes are gated)")
     changes = diff_datasets(old_rows, new_rows)
     counts: dict[str, int] = {}
     for change in changes:
@@ -157,7 +212,13 @@ def _diff(args: argparse.Namespace) -> int:
             test = f" (test {change.test})" if change.test else ""
             results = f"{change.old or '-'} -> {change.new or '-'}"
             known = f" (expected: {change.expected_reason})" if change.expected_reason else ""
-            print(f"{change.kind:<10} {change.model_id}{check}{test} [{change.device}]: {results}{known}")
+            # Rows judged under different --parity modes: say so, rather than let a mode change read as a fix.
+            modes = (
+                f" (parity mode {change.old_parity} -> {change.new_parity}: judged under different settings)"
+                if change.parity_differs
+                else ""
+            )
+            print(f"{change.kind:<10} {change.model_id}{check}{test} [{change.device}]: {results}{known}{modes}")
     moved = diff_signatures(old_rows, new_rows)
     for sig in moved:
         if sig.kind == "persisting" and not args.verbose:
@@ -238,11 +299,15 @@ def _catalog_extra_packages(models_file: str | None, model: str) -> tuple[str, .
 
 def _runscript(args: argparse.Namespace) -> int:
     from pytest_neuron_support.checks.registry import named_test
-    from pytest_neuron_support.data.dataset import read_dataset, stack_stem
+    from pytest_neuron_support.data.dataset import NoDataset, require_dataset, stack_stem
     from pytest_neuron_support.viewer.report import reproduction
 
     results = Path(args.results_dir)
-    rows = read_dataset(results)
+    try:
+        rows = require_dataset(results)
+    except NoDataset as exc:
+        print(f"neuron-support runscript: {exc}", file=sys.stderr)
+        return 2
     stacks = sorted({stack_stem(r) for r in rows})
     shown = ", ".join(stacks) or "none"
     if args.stack is not None and args.stack not in stacks:
@@ -341,6 +406,8 @@ def _plan(args: argparse.Namespace) -> int:
     the planner's own rules (:func:`.planning.instance_plan`) on what the cache or the Hub API says of
     the model, without downloading a weight."""
     from pytest_neuron_support.base.model import ModelSpec
+    from pytest_neuron_support.catalog.load import is_hub_id
+    from pytest_neuron_support.checks.plan import not_cached_offline
     from pytest_neuron_support.data import hub
     from pytest_neuron_support.planning.planner import (
         CORE_CHOICES,
@@ -348,10 +415,10 @@ def _plan(args: argparse.Namespace) -> int:
         TRN2_INSTANCES,
         PlanningError,
         describe_plan,
-        inspect_model,
         instance_plan,
         size_text,
     )
+    from pytest_neuron_support.tasks.table import task_of
 
     if args.max_cores not in CORE_CHOICES:
         choices = ", ".join(map(str, CORE_CHOICES))
@@ -371,21 +438,40 @@ def _plan(args: argparse.Namespace) -> int:
     local_only = args.local_only or down is not None
     if down is not None:
         print(f"the Hub is not asked ({down}): planning from the local Hugging Face cache only")
+    catalog_tasks = _catalog_tasks(args.models_file)
+    if isinstance(catalog_tasks, str):
+        print(f"neuron-support plan: {catalog_tasks}", file=sys.stderr)
+        return 2
     failed = 0
     for name in args.models:
         # A folder that exists is a local checkpoint, as `pytest --model ./dir` reads it.
         local = Path(name).is_dir()
+        if not local and (name.startswith((".", "/", "~")) or not is_hub_id(name)):
+            failed += 1
+            said = "no such folder" if name.startswith((".", "/", "~")) else "neither a folder nor a Hub id (org/name)"
+            print(
+                f"neuron-support plan: {name}: {said}; name a local checkpoint folder that exists, or a Hub id",
+                file=sys.stderr,
+            )
+            continue
+        model_id = str(Path(name).resolve()) if local else name
+        task = args.task or catalog_tasks.get(model_id) or _pipeline_task(model_id, local, args.revision)
         model = ModelSpec(
-            id=str(Path(name).resolve()) if local else name,
+            id=model_id,
+            task=task,
             revision=args.revision,
             dtype=args.dtype,
             source="local" if local else "cli",
         )
         try:
-            shape = inspect_model(model, local_only=local_only)
+            # The task's own reader, as the sweep plans it (a diffusers pipeline reads model_index.json).
+            shape = task_of(task).read_shape(model, local_only=local_only)
         except PlanningError as exc:
             failed += 1
-            print(f"neuron-support plan: {exc}", file=sys.stderr)
+            offline = not_cached_offline(model, exc, down)
+            # A model the default reader cannot read may be of another task: say how to name it.
+            hint = "" if args.task or task != "text-generation" else "; pass --task for a model of another task"
+            print(f"neuron-support plan: {offline or f'{exc}{hint}'}", file=sys.stderr)
             continue
         weights = shape.parameters * DTYPE_BYTES[args.dtype]
         layout = f"{shape.num_attention_heads} heads, {shape.num_key_value_heads} kv heads"
@@ -416,9 +502,42 @@ def _plan(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _catalog_tasks(models_file: str | None) -> dict[str, str] | str:
+    """Each catalog entry's task (the task the sweep plans it as), from ``models_file`` or models.yaml when
+    present; the error when the named catalog cannot be read."""
+    from pytest_neuron_support.catalog.load import CatalogError, load_catalog
+
+    path = Path(models_file or "models.yaml")
+    if models_file is None and not path.is_file():
+        return {}
+    try:
+        catalog = load_catalog(path)
+    except CatalogError as exc:
+        return str(exc)
+    return {spec.id: spec.task for spec in catalog.models}
+
+
+def _pipeline_task(model_id: str, local: bool, revision: str) -> str:
+    """``text-to-image`` for a diffusers pipeline (its model_index.json in the folder or the Hub cache),
+    else the default task; a model that is neither is named with --task."""
+    from pytest_neuron_support.data import hub
+
+    index = "model_index.json"
+    found = (Path(model_id) / index).is_file() if local else hub.cached_file(model_id, index, revision=revision)
+    return "text-to-image" if found else "text-generation"
+
+
 def _report(args: argparse.Namespace) -> int:
     from pytest_neuron_support.catalog.load import CatalogError, load_catalog
+    from pytest_neuron_support.data import hub
+    from pytest_neuron_support.data.dataset import NoDataset, require_dataset
     from pytest_neuron_support.viewer.report import live_hub_view, no_hub_view, snapshot_hub_view, write_report
+
+    try:
+        require_dataset(Path(args.results_dir))  # an empty site from a mistyped folder would publish nothing
+    except NoDataset as exc:
+        print(f"neuron-support report: {exc}", file=sys.stderr)
+        return 2
 
     catalog = None
     models_file = Path(args.models_file) if args.models_file else Path("models.yaml")
@@ -435,6 +554,9 @@ def _report(args: argparse.Namespace) -> int:
         hub_view = no_hub_view()
     elif args.hub_snapshot:
         hub_view = snapshot_hub_view(Path(args.hub_snapshot))
+    elif (down := hub.unreachable()) is not None:
+        # Said once, before any ranking is asked for: each one's own error would repeat its URL.
+        hub_view = no_hub_view(f"not fetched: {down}")
     else:
         hub_view = live_hub_view(args.limit, args.hub_timeout)
     report = write_report(Path(args.results_dir), catalog, hub_view, Path(args.out))
@@ -559,16 +681,40 @@ def build_parser() -> argparse.ArgumentParser:
     from pytest_neuron_support.checks.registry import CHECKS
     from pytest_neuron_support.devices.table import DEVICES
     from pytest_neuron_support.run import neffcache  # stdlib only, like devices: cheap enough for --help
+    from pytest_neuron_support.tasks.table import TASKS
 
     parser = argparse.ArgumentParser(prog="neuron-support", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     expect_parser = sub.add_parser("expect", help="the catalog's expected outcomes (expect:)")
     expect_sub = expect_parser.add_subparsers(dest="expect_command", required=True)
     update = expect_sub.add_parser(
-        "update", help="write a sweep's outcomes into the catalog as each entry's expect: (keeping its reason)"
+        "update",
+        help="write a sweep's outcomes into the catalog as each entry's expect: (keeping its reason); rows that "
+        "meet their expectation, improve on it or are new failures are written, a changed failure or a "
+        "PASS -> FAIL is refused unless --accept names it (exit 1 when any row was refused)",
     )
     update.add_argument("results_dir", metavar="RESULTS", help="a results directory (its data/*.parquet)")
     update.add_argument("--models-file", default="models.yaml", help="the catalog to update (default models.yaml)")
+    update.add_argument(
+        "--baseline",
+        metavar="OLD",
+        help="an earlier sweep's results directory: a failure of an entry that passed there is a PASS -> FAIL",
+    )
+    update.add_argument(
+        "--accept",
+        action="append",
+        metavar="MODEL",
+        help="write this model's changed failure or PASS -> FAIL as its expectation (repeatable; each with --reason)",
+    )
+    update.add_argument(
+        "--reason",
+        action="append",
+        metavar="WHY",
+        help="why the --accept before it is known: the upstream issue's URL (becomes the expectation's reason)",
+    )
+    update.add_argument(
+        "--dry-run", action="store_true", help="print what would change (a diff of the catalog) and write nothing"
+    )
     update.set_defaults(func=_expect_update)
     cover = sub.add_parser(
         "coverage",
@@ -602,9 +748,9 @@ def build_parser() -> argparse.ArgumentParser:
     merge.set_defaults(func=_merge)
     diff = sub.add_parser(
         "diff",
-        help="per model: regressed / expected / unexpected-pass / fixed / new / missing / unchanged, and the failure "
-        "signatures that appeared or disappeared (exit 1 on a regression or an unexpected pass; a missing baseline "
-        "folder is an empty one)",
+        help="per model: regressed / expected / unexpected-pass / fixed / settings-differ / new / missing / unchanged, "
+        "and the failure signatures that appeared or disappeared (exit 1 on a regression or an unexpected pass, "
+        "2 when NEW holds no dataset or OLD does not exist; an empty OLD folder is no baseline)",
     )
     diff.add_argument("old", help="dataset folder (the baseline)")
     diff.add_argument("new", help="dataset folder (the candidate)")
@@ -663,6 +809,13 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--memory-headroom", type=float, default=0.25, help="share of each core kept free (default 0.25)")
     plan.add_argument("--max-cores", type=int, default=16, help="most cores the harness gives a model (default 16)")
     plan.add_argument("--local-only", action="store_true", help="ask the Hub nothing: the local cache only")
+    plan.add_argument(
+        "--task",
+        choices=TASKS,
+        help="the model's task, whose reader plans it (default: its catalog entry's, else text-to-image for a "
+        "diffusers pipeline in the folder or cache, else text-generation)",
+    )
+    plan.add_argument("--models-file", help="catalog whose entries' tasks to use (default models.yaml when present)")
     plan.set_defaults(func=_plan)
     report = sub.add_parser("report", help="write the self-contained viewer (index.html) for a dataset")
     _results_dir_option(report, "dataset folder (default results)")
@@ -716,7 +869,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return int(args.func(args))
+    try:
+        status = int(args.func(args))
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader went away (`runscript ... | head`): stop quietly, as `cat` does. Python's documented
+        # way: point stdout at devnull so the interpreter's last flush does not raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    return status
 
 
 if __name__ == "__main__":

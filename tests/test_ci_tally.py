@@ -79,3 +79,36 @@ def test_a_collected_test_that_never_ran_fails_the_tally(
     assert judged.returncode == 1
     assert ".ci/tally: collected 2, ran 1 (1 failed)" in judged.stdout
     assert "1 collected but never ran: test_some.py::test_after" in judged.stderr
+
+
+XFAILS = """
+import pytest
+
+def test_passes():
+    pass
+
+@pytest.mark.xfail(reason="left behind")
+def test_marked():
+    assert False
+
+def test_imperative():
+    pytest.xfail("gave up")
+"""
+
+
+def test_a_project_test_that_ends_xfailed_did_not_run_and_fails_the_tally_unless_allowed(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # An xfail turns a failing body into a green outcome: the tally used to count it as ran and pass the run.
+    found, path = tally(pytester, monkeypatch, tests=XFAILS)
+    marked, imperative = "test_some.py::test_marked", "test_some.py::test_imperative"
+    assert found["outcomes"][marked] == found["outcomes"][imperative] == "xfailed"
+    judged = judge(path, "", tmp_path)
+    assert judged.returncode == 1
+    assert ".ci/tally: collected 3, ran 1 (1 passed), 2 xfailed (not counted as ran)" in judged.stdout
+    assert f".ci/tally: xfailed (NOT ALLOWED): {marked}" in judged.stdout
+    assert f"{marked} ended xfailed (its body failed) and is not on" in judged.stderr
+    assert f"{imperative} ended xfailed (its body failed) and is not on" in judged.stderr
+    # Listed with its reason, as a skip is, it passes.
+    allowed = judge(path, "test_some.py::test_marked  # r\ntest_some.py::test_imperative  # r\n", tmp_path)
+    assert allowed.returncode == 0, allowed.stderr

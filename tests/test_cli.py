@@ -53,12 +53,16 @@ def test_diff_reports_each_kind_and_exits_1_on_a_regression(tmp_path: Path) -> N
 def test_the_gate_fails_on_an_unexpected_pass_and_not_on_a_failure_the_catalog_expects(tmp_path: Path) -> None:
     old, new, none = tmp_path / "old", tmp_path / "new", tmp_path / "never-published"
     known = {"expected_result": "FAIL", "expected_stage": "parity", "expected_reason": "https://x/issues/1"}
-    write_rows(old, [row("org/known", "PASS"), row("org/fixed", "FAIL"), row("org/other", "FAIL")])
+    write_rows(
+        old, [row("org/known", "PASS"), row("org/fixed", "FAIL"), row("org/other", "FAIL"), row("org/moved", "ERROR")]
+    )
     write_rows(
         new,
         [
-            # Now failing, as its catalog entry says it does: known, not a regression.
+            # Now failing, as its catalog entry says it does: still a regression (it passed), with the reason.
             dataclasses.replace(row("org/known", "FAIL"), expectation="met", **known),
+            # Failing otherwise than before, now as its entry says: expected.
+            dataclasses.replace(row("org/moved", "FAIL"), expectation="met", **known),
             # Passing where its entry expects a failure: the expectation is stale, the gate fails.
             dataclasses.replace(row("org/fixed", "PASS"), expectation="improved", **known),
             # Failing as before, but not the way its entry says: a failure nobody has explained.
@@ -68,13 +72,19 @@ def test_the_gate_fails_on_an_unexpected_pass_and_not_on_a_failure_the_catalog_e
     done = cli("diff", str(old), str(new))
     assert done.returncode == 1, done.stdout
     lines = done.stdout.splitlines()
-    assert "expected   org/known [cpu]: PASS -> FAIL (expected: https://x/issues/1)" in lines
+    # A PASS -> FAIL is a regression whatever the catalog says: an expectation written after it (expect
+    # update) must not turn the gate green on the day the model stopped passing.
+    assert "regressed  org/known [cpu]: PASS -> FAIL (expected: https://x/issues/1)" in lines
+    assert "expected   org/moved [cpu]: ERROR -> FAIL (expected: https://x/issues/1)" in lines
     assert "unexpected-pass org/fixed [cpu]: FAIL -> PASS (expected: https://x/issues/1)" in lines
     assert "regressed  org/other [cpu]: FAIL -> ERROR (expected: https://x/issues/1)" in lines
-    assert lines[-1] == "1 expected, 1 regressed, 1 unexpected-pass"
-    # No published dataset yet: nothing regressed, but the unexpected pass still fails the gate.
+    assert lines[-1] == "1 expected, 2 regressed, 1 unexpected-pass"
+    # No published dataset yet (the workflow makes an empty folder): nothing regressed, but the
+    # unexpected pass still fails the gate.
+    none.mkdir()
     alone = cli("diff", str(none), str(new))
-    assert alone.returncode == 1 and alone.stdout.splitlines()[-1] == "2 new, 1 unexpected-pass"
+    assert alone.returncode == 1 and alone.stdout.splitlines()[-1] == "3 new, 1 unexpected-pass"
+    assert f"{none} holds no dataset: no baseline, so every row is new" in alone.stdout
 
 
 def test_merge_combines_shards_including_rows_of_a_killed_shard(tmp_path: Path) -> None:
@@ -262,7 +272,7 @@ def test_runscript_without_a_row_says_which_stacks_exist(tmp_path: Path) -> None
     other_device = cli("runscript", "org/a", "--device", "cpu", "--results-dir", str(tmp_path))
     assert other_device.returncode == 2 and f"{stack} (neuron)" in other_device.stderr
     empty = cli("runscript", "org/a", "--results-dir", str(tmp_path / "nothing"))
-    assert empty.returncode == 2 and "stacks there: none" in empty.stderr
+    assert empty.returncode == 2 and f"{tmp_path / 'nothing'} holds no dataset" in empty.stderr
 
 
 def test_report_writes_index_html(tmp_path: Path) -> None:
@@ -390,3 +400,103 @@ def test_zoo_build_only_takes_the_zoo_s_names_and_builds_just_those(tmp_path: Pa
     assert built.returncode == 0, built.stderr
     assert "tiny zoo (1 checkpoints) installed" in built.stdout
     assert [p.name for p in tmp_path.glob("models--*")] == ["models--tiny-random--whisper"]
+
+
+def test_results_commands_fail_on_a_folder_that_holds_no_dataset(tmp_path: Path) -> None:
+    # A mistyped folder read as an empty dataset was a green gate ("15 missing", exit 0) and an empty site.
+    results, typo = tmp_path / "results", tmp_path / "resutls"
+    write_rows(results, [row("org/a", "PASS"), row("org/b", "FAIL")])
+    said = f"{typo} holds no dataset: the folder does not exist; pass the results folder of a sweep"
+    diff = cli("diff", str(results), str(typo))
+    assert (diff.returncode, diff.stdout) == (2, ""), diff.stdout
+    assert diff.stderr.splitlines() == [f"neuron-support diff: {said} (its --results-dir)"]
+    baseline = cli("diff", str(typo), str(results))
+    assert baseline.returncode == 2 and "an empty folder to diff against no baseline" in baseline.stderr
+    report = cli("report", f"--results-dir={typo}", "--no-hub", "--out", str(tmp_path / "site"))
+    assert report.returncode == 2 and said in report.stderr and not (tmp_path / "site").exists()
+    for command in (("show", "org/a"), ("runscript", "org/a")):
+        done = cli(*command, "--results-dir", str(typo))
+        assert done.returncode == 2 and said in done.stderr, command
+    # A sweep killed before it wrote Parquet: its rows are there, and the error says how to save them.
+    PartWriter(tmp_path / "killed", session="s").add(row("org/a", "PASS"))
+    killed = cli("show", "org/a", "--results-dir", str(tmp_path / "killed"))
+    assert killed.returncode == 2 and f"neuron-support merge {tmp_path / 'killed'} --into" in killed.stderr
+
+
+def test_report_with_the_hub_offline_says_so_in_one_short_line(tmp_path: Path) -> None:
+    write_rows(tmp_path / "results", [neuron_row("org/a", "PASS", "5.24.0", "2026-11-30T01:00:00+00:00")])
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    report = ["report", "--results-dir", str(tmp_path / "results"), "--out", str(tmp_path / "site")]
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest_neuron_support.cli", *report], capture_output=True, text=True, env=env
+    )
+    assert done.returncode == 0, done.stderr
+    # Not each ranking's error with its URL (3,000 characters on one line): the reason, once.
+    assert "Hub rankings unavailable: not fetched: HF_HUB_OFFLINE=1" in done.stdout.splitlines(), done.stdout
+    assert "http" not in done.stdout + done.stderr and len(done.stdout.splitlines()) == 3, done.stdout
+
+
+def test_runscript_into_a_pipe_closed_early_exits_quietly(tmp_path: Path) -> None:
+    # `neuron-support runscript … | head`: the reader leaves after one line; a script larger than the pipe's
+    # buffer makes the writer meet the closed pipe.
+    script = "".join(f"print({i})\n" for i in range(200_000))
+    write_rows(tmp_path, [neuron_row("org/a", "PASS", "5.24.0", "2026-11-30T01:00:00+00:00", runscript=script)])
+    command = [sys.executable, "-m", "pytest_neuron_support.cli", "runscript", "org/a", "--results-dir", str(tmp_path)]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+        assert proc.stdout is not None and proc.stderr is not None
+        assert proc.stdout.readline()
+        proc.stdout.close()
+        errors = proc.stderr.read()
+        status = proc.wait(timeout=60)
+    assert errors == "" and status == 1, errors
+
+
+def test_plan_takes_the_task_s_reader_and_says_what_is_wrong_with_a_name(offline_hub: Path, tmp_path: Path) -> None:
+    # The sweep plans the tiny pipeline by its task's reader (model_index.json); so does `plan` now.
+    pipeline = cli("plan", "tiny-random/stable-diffusion", "--models-file", str(REPO / "models-tiny.yaml"))
+    assert pipeline.returncode == 0, pipeline.stderr
+    assert pipeline.stdout.splitlines()[1].startswith("tiny-random/stable-diffusion (revision main): "), pipeline.stdout
+    # Without a catalog saying its task: found as a diffusers pipeline in the cache.
+    alone = cli("plan", "tiny-random/stable-diffusion", "--models-file", str(tmp_path / "none.yaml"))
+    assert alone.returncode == 2 and "file not found" in alone.stderr  # a named catalog must exist
+    guessed = subprocess.run(
+        [sys.executable, "-m", "pytest_neuron_support.cli", "plan", "tiny-random/stable-diffusion"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        check=False,
+    )
+    assert guessed.returncode == 0 and "fits: " in guessed.stdout, guessed.stderr
+    missing = cli("plan", str(tmp_path / "nonexistent"))
+    assert missing.returncode == 1
+    assert f"neuron-support plan: {tmp_path / 'nonexistent'}: no such folder" in missing.stderr
+    assert "Repo id" not in missing.stderr
+    # Offline, a model the cache lacks: the plugin's own short message, not the client's advice to set
+    # local_files_only (a CLI user has no such argument).
+    offline = cli("plan", "Qwen/Qwen3-32B")
+    assert offline.returncode == 1
+    assert "Qwen/Qwen3-32B (revision main) is not in the local Hugging Face cache and the Hub cannot be asked" in (
+        offline.stderr
+    )
+    assert "local_files_only" not in offline.stderr, offline.stderr
+
+
+def test_show_and_diff_say_the_parity_mode_and_mark_a_near_tie_pass(tmp_path: Path) -> None:
+    old, new = tmp_path / "exact", tmp_path / "near-tie"
+    failed = dataclasses.replace(row("org/a", "FAIL"), failure_stage="parity", parity_mode="exact", near_tie=True)
+    write_rows(old, [failed, dataclasses.replace(row("org/b", "FAIL"), parity_mode="exact")])
+    tie = dataclasses.replace(row("org/a", "PASS"), parity_mode="near-tie", near_tie=True)
+    write_rows(new, [tie, dataclasses.replace(row("org/b", "PASS"), parity_mode="exact")])
+    shown = cli("show", "org/a", "--results-dir", str(new))
+    assert ": PASS (near-tie)  parity=near-tie  cores=" in shown.stdout, shown.stdout
+    plain = cli("show", "org/b", "--results-dir", str(new))
+    assert ": PASS  parity=exact  cores=" in plain.stdout, plain.stdout
+    diff = cli("diff", str(old), str(new))
+    lines = diff.stdout.splitlines()
+    # An exact FAIL against a near-tie PASS is no fix: the settings differ, and the line says so.
+    assert (
+        "settings-differ org/a [cpu]: FAIL -> PASS (parity mode exact -> near-tie: judged under different settings)"
+        in lines
+    ), lines
+    assert "fixed      org/b [cpu]: FAIL -> PASS" in lines
+    assert diff.returncode == 0 and lines[-1] == "1 fixed, 1 settings-differ"

@@ -240,7 +240,7 @@ def test_cores_owned_outside_the_ledger_are_not_leased_but_our_own_runs_are_ours
     # of this process, which holds leases: one of our own runs, not a stranger.
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        pool = CorePool(tmp_path, 8, owners=lambda: {0: 1, 1: 1, 4: child.pid})
+        pool = CorePool(tmp_path, 8, owners=lambda: {0: (1,), 1: (1,), 4: (child.pid,)})
         first = pool.acquire(2)
         assert first.first == 2  # 0-1 are taken by the stranger
         second = pool.acquire(2)
@@ -252,13 +252,50 @@ def test_cores_owned_outside_the_ledger_are_not_leased_but_our_own_runs_are_ours
 
 
 def test_neuron_ls_listing_marks_every_core_of_a_used_device() -> None:
-    from pytest_neuron_support.run.cores import parse_neuron_ls
+    from pytest_neuron_support.run.cores import core_owners
 
     listing = [
         {"neuron_device": 0, "nc_count": 4, "neuron_processes": [{"pid": 4242, "command": "python other.py"}]},
         {"neuron_device": 1, "nc_count": 4, "neuron_processes": []},
         {"neuron_device": 2, "nc_count": 4, "neuroncore_ids": [8, 9, 10, 11], "neuron_processes": [{"pid": 7}]},
     ]
-    assert parse_neuron_ls(listing) == {0: 4242, 1: 4242, 2: 4242, 3: 4242, 8: 7, 9: 7, 10: 7, 11: 7}
-    assert parse_neuron_ls({"neuron_devices": listing[:1]}) == {0: 4242, 1: 4242, 2: 4242, 3: 4242}
-    assert parse_neuron_ls("garbage") == {}
+    assert core_owners(listing) == {
+        0: (4242,),
+        1: (4242,),
+        2: (4242,),
+        3: (4242,),
+        8: (7,),
+        9: (7,),
+        10: (7,),
+        11: (7,),
+    }
+    assert core_owners({"neuron_devices": listing[:1]}) == {0: (4242,), 1: (4242,), 2: (4242,), 3: (4242,)}
+    assert core_owners("garbage") == {}
+    shared = [{"neuron_device": 0, "nc_count": 2, "neuron_processes": [{"pid": 5}, {"pid": 6}, {"pid": 5}]}]
+    assert core_owners(shared) == {0: (5, 6), 1: (5, 6)}
+
+
+def test_a_chip_a_stranger_shares_with_one_of_our_runs_is_not_leased(tmp_path: Path) -> None:
+    # The issue: one owner was kept per core, the last listed; a chip holding a foreign process and then one
+    # of our own runs read as ours alone, and the ledger leased the stranger's cores.
+    from pytest_neuron_support.run.cores import neuron_owners
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        listing = [
+            # Chip 0 (cores 0-1): pid 1 (init: not ours), then our own child, listed last.
+            {"neuron_device": 0, "nc_count": 2, "neuron_processes": [{"pid": 1}, {"pid": child.pid}]},
+            {"neuron_device": 1, "nc_count": 2, "neuron_processes": []},
+            # Chip 2 (cores 4-5): our child alone.
+            {"neuron_device": 2, "nc_count": 2, "neuron_processes": [{"pid": child.pid}]},
+        ]
+        (tmp_path / "neuron-ls.json").write_text(json.dumps(listing))
+        owners = neuron_owners(("cat", str(tmp_path / "neuron-ls.json")))
+        pool = CorePool(tmp_path / "ledger", 6, owners=owners)
+        # The free chip first; then, holding a lease, our child's chip is ours; chip 0 is not, though our
+        # child shares it.
+        assert [pool.acquire(2, poll=0.01).first, pool.acquire(2, poll=0.01).first] == [2, 4]
+        assert pool.try_acquire(1) is None
+    finally:
+        child.kill()
+        child.wait()

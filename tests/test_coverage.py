@@ -1,17 +1,33 @@
 """Registry coverage (``neuron-support coverage``): every architecture the installed transformers and diffusers
 map for a catalog task is covered by a Selected entry, excluded with a reason, or missing, and the shipped
-catalog leaves none missing."""
+catalog leaves none missing. A covering tag is checked against its checkpoint's own config (the tiny zoo's
+cache, a loopback Hub's model info): one the checkpoint contradicts covers nothing."""
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from hubserver import HubServer, ModelRecord
 
-from pytest_neuron_support.catalog.coverage import COVERED, EXCLUDED, MISSING, coverage, task_coverage
+from pytest_neuron_support.catalog.coverage import (
+    COVERED,
+    EXCLUDED,
+    MISMATCH,
+    MISSING,
+    UNVERIFIED,
+    VERIFIED,
+    Reading,
+    check_tag,
+    coverage,
+    registry_of,
+    task_coverage,
+)
 from pytest_neuron_support.catalog.load import CatalogError, load_catalog, parse_catalog
 from pytest_neuron_support.tasks.table import TASKS
 
@@ -22,13 +38,14 @@ COUNTS = re.compile(
 )
 
 
-def run_coverage(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
+def run_coverage(*args: str, cwd: Path = REPO, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "pytest_neuron_support.cli", "coverage", *args],
         cwd=cwd,
         capture_output=True,
         text=True,
         check=False,
+        env={**os.environ, **(env or {})},
     )
 
 
@@ -82,7 +99,9 @@ def test_each_architecture_is_covered_excluded_or_missing_and_stale_or_contradic
         "coverage:\n  text-generation:\n"
         "    - reason: an encoder's decoder head\n      architectures: [bert, llama, not_an_architecture]\n"
     )
-    report = task_coverage(parse_catalog(text, "m.yaml"), "text-generation")
+    # Both checkpoints say what their tags say (the tag checks have tests of their own below).
+    said = {"org/llama": Reading("llama", "the Hugging Face cache"), "org/falcon": Reading("falcon", "the Hub API")}
+    report = task_coverage(parse_catalog(text, "m.yaml"), "text-generation", said)
     by_name = {a.name: a for a in report.architectures}
     assert (by_name["llama"].status, by_name["llama"].entries) == (COVERED, ("org/llama",))
     assert (by_name["bert"].status, by_name["bert"].reason) == (EXCLUDED, "an encoder's decoder head")
@@ -149,3 +168,138 @@ def test_the_shipped_catalog_s_exclusions_each_carry_a_reason() -> None:
     assert catalog.coverage, "models.yaml leaves architectures out under coverage:, each with its reason"
     for task, reasons in catalog.coverage.items():
         assert all(len(reason) > 20 for reason in reasons.values()), task
+
+
+# --- covering tags against their checkpoints -------------------------------------------------------------
+
+
+def only(task: str, *kept: str) -> str:
+    """A ``coverage:`` group leaving out every architecture of ``task``'s registry but ``kept``, so the
+    command's exit status turns on the entries under test alone."""
+    registry = registry_of(task)
+    assert registry is not None
+    names = ", ".join(sorted(set(registry[1]) - set(kept)))
+    return f"  {task}:\n    - reason: not what this test is about\n      architectures: [{names}]\n"
+
+
+def zoo_catalog(qwen2_tag: str, pipeline_tag: str) -> str:
+    """The zoo's qwen2, qwen3 and Stable Diffusion 1.5 checkpoints, the first and last tagged as given; every
+    other architecture of the two tasks is left out, so the command passes when each tag covers what it says."""
+    return (
+        "models:\n"
+        f"  - {{id: tiny-random/qwen2, task: text-generation, tags: [{qwen2_tag}, dense]}}\n"
+        "  - {id: tiny-random/qwen3, task: text-generation, tags: [qwen3, dense]}\n"
+        f"  - {{id: tiny-random/stable-diffusion, task: text-to-image, tags: [{pipeline_tag}, unet]}}\n"
+        "coverage:\n" + only("text-generation", qwen2_tag, "qwen3") + only("text-to-image", pipeline_tag)
+    )
+
+
+ARGS = ("--models-file=m.yaml", "--task=text-generation", "--task=text-to-image", "--list")
+
+
+@pytest.mark.usefixtures("offline_hub")
+def test_a_tag_its_cached_checkpoint_contradicts_is_a_mismatch_and_covers_nothing(tmp_path: Path) -> None:
+    # The zoo's checkpoints are what their names say: tiny-random/qwen2's config.json has model_type qwen2,
+    # tiny-random/stable-diffusion's model_index.json is a StableDiffusionPipeline (SD 1.5).
+    (tmp_path / "m.yaml").write_text(zoo_catalog("qwen2", "stable-diffusion"))
+    honest = run_coverage(*ARGS, cwd=tmp_path)
+    assert honest.returncode == 0, honest.stdout + honest.stderr
+    assert "  covered  qwen2 (Qwen2ForCausalLM): tiny-random/qwen2" in honest.stdout
+    assert "  covered  stable-diffusion (StableDiffusionPipeline): tiny-random/stable-diffusion" in honest.stdout
+    assert "mismatch" not in honest.stdout and "unverified" not in honest.stdout
+
+    # The same checkpoints tagged as what they are not: neither tag covers its architecture.
+    (tmp_path / "m.yaml").write_text(zoo_catalog("llama", "stable-diffusion-xl"))
+    lying = run_coverage(*ARGS, cwd=tmp_path)
+    assert lying.returncode == 1, lying.stdout + lying.stderr
+    assert "  missing  llama (LlamaForCausalLM): neither covered nor excluded" in lying.stdout
+    assert "  missing  stable-diffusion-xl (StableDiffusionXLPipeline): neither covered nor excluded" in lying.stdout
+    assert counts(lying.stdout)["text-generation"]["missing"] == 1
+    assert counts(lying.stdout)["text-to-image"]["missing"] == 1
+    assert (
+        "  mismatch llama: tiny-random/qwen2 is tagged llama, but its config.json's model_type is 'qwen2', "
+        "read from the Hugging Face cache: it does not cover llama"
+    ) in lying.stdout
+    assert (
+        "  mismatch stable-diffusion-xl: tiny-random/stable-diffusion is tagged stable-diffusion-xl, but its "
+        "model_index.json's _class_name is 'StableDiffusionPipeline' (the family stable-diffusion), read from the "
+        "Hugging Face cache: it does not cover stable-diffusion-xl"
+    ) in lying.stdout
+    # The honest entry beside them is still covered, and checked.
+    assert "  covered  qwen3 (Qwen3ForCausalLM): tiny-random/qwen3" in lying.stdout
+
+
+def test_a_checkpoint_not_cached_is_read_from_the_hub_api_never_its_files(tmp_path: Path) -> None:
+    # No checkpoint is cached (an empty HF_HUB_CACHE): every tag is read from the loopback Hub's model info.
+    # org/qwen2-as-llama says llama but its config says qwen2; org/llama is what it says, and gated (its
+    # model info is public, as on the Hub); org/gone is a repository the Hub does not know.
+    config = {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"]}
+    models = [
+        ModelRecord("org/qwen2-as-llama", files={"config.json": json.dumps(config).encode()}, extra={"config": config}),
+        ModelRecord("org/llama", gated="manual", extra={"config": {"model_type": "llama"}}),
+        ModelRecord("org/qwen3", extra={"config": {"model_type": "qwen3"}}),
+    ]
+    (tmp_path / "m.yaml").write_text(
+        "models:\n"
+        "  - {id: org/qwen2-as-llama, task: text-generation, tags: [llama]}\n"
+        "  - {id: org/llama, task: text-generation, tags: [llama]}\n"
+        "  - {id: org/qwen3, task: text-generation, tags: [qwen3], revision: v1}\n"
+        "  - {id: org/gone, task: text-generation, tags: [gpt2]}\n"
+        "coverage:\n" + only("text-generation", "llama", "qwen3", "gpt2")
+    )
+    with HubServer(models) as server:
+        env = {**server.env(), "HF_HUB_CACHE": str(tmp_path / "empty-cache")}
+        done = run_coverage("--models-file=m.yaml", "--list", cwd=tmp_path, env=env)
+        asked = server.requests
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert (
+        "  mismatch llama: org/qwen2-as-llama is tagged llama, but its config.json's model_type is 'qwen2', read "
+        "from the Hub API: it does not cover llama"
+    ) in done.stdout
+    # llama stays covered by the entry that is one; a repository the Hub does not know is unverified, not a lie.
+    assert "  covered  llama (LlamaForCausalLM): org/llama" in done.stdout
+    assert "  covered  gpt2 (GPT2LMHeadModel): org/gone" in done.stdout
+    assert re.search(r"  unverified gpt2: org/gone: config.json's model_type not read \(.*HTTP 404", done.stdout)
+    # Model info only, with its config, at the entry's revision: no file (weights least of all) was fetched.
+    assert not [r.path for r in asked if "/resolve/" in r.path]
+    asked = [r for r in asked if r.path.startswith("/api/models")]
+    assert {r.path for r in asked} == {
+        "/api/models/org/qwen2-as-llama/revision/main",
+        "/api/models/org/llama/revision/main",
+        "/api/models/org/qwen3/revision/v1",
+        "/api/models/org/gone/revision/main",
+    }
+    assert all(r.method == "GET" and r.param("expand") == "config" for r in asked)
+
+
+def test_offline_and_not_cached_every_tag_is_unverified_said_once_and_still_covers(tmp_path: Path) -> None:
+    (tmp_path / "m.yaml").write_text(
+        "models:\n  - {id: org/llama, task: text-generation, tags: [llama]}\n"
+        "coverage:\n" + only("text-generation", "llama")
+    )
+    env = {"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "empty-cache")}
+    done = run_coverage("--models-file=m.yaml", cwd=tmp_path, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert counts(done.stdout)["text-generation"]["covered"] == 1
+    assert (
+        "  unverified 1 tag(s) not checked against their checkpoint, counted covered on the catalog's word "
+        "(1 not in the Hugging Face cache, and the Hub was not asked: HF_HUB_OFFLINE=1); --list names each"
+    ) in done.stdout
+
+
+def test_a_diffusers_tag_is_checked_against_the_family_autopipeline_files_its_class_under() -> None:
+    registry = registry_of("text-to-image")
+    assert registry is not None
+    mapping = registry[1]
+    cached = Reading("StableDiffusionXLPipeline", "the Hugging Face cache")
+    assert check_tag("org/sdxl", "stable-diffusion-xl", cached, "diffusers", mapping).status == VERIFIED
+    # An SDXL checkpoint does not cover Stable Diffusion 1.5's family, though the names share a prefix.
+    wrong = check_tag("org/sdxl", "stable-diffusion", cached, "diffusers", mapping)
+    assert (wrong.status, wrong.family) == (MISMATCH, "stable-diffusion-xl")
+    # Kandinsky 2.2's repositories name their decoder pipeline; AutoPipeline files it under kandinsky22, whose
+    # text-to-image class is the combined pipeline.
+    decoder = Reading("KandinskyV22Pipeline", "the Hub API")
+    assert mapping["kandinsky22"] == "KandinskyV22CombinedPipeline"
+    assert check_tag("org/k22", "kandinsky22", decoder, "diffusers", mapping).status == VERIFIED
+    unread = check_tag("org/x", "flux", Reading(None, error="offline"), "diffusers", mapping)
+    assert unread.status == UNVERIFIED and "model_index.json's _class_name not read (offline)" in unread.describe()

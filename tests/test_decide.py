@@ -108,39 +108,57 @@ def test_a_run_that_did_not_finish_is_decided_by_the_run_at_its_stage() -> None:
     }
 
 
-def test_denoising_passes_within_tolerance_and_fails_at_the_first_step_out_of_it() -> None:
-    from pytest_neuron_support.verdict.denoising import MAX_REL_ERROR, MIN_COSINE, denoising, psnr
+def test_the_calibrated_rule_judges_each_distance_against_the_dtypes_own_noise() -> None:
+    from pytest_neuron_support.verdict.images import psnr
+    from pytest_neuron_support.verdict.tolerance import FLOOR, MULTIPLE, calibrated, row_fields
 
-    healthy = [{"rel_error": 0.01, "cosine": 0.9999}] * 5
-    assert decide.denoised(denoising(healthy, 5)) == decide.Decision("PASS", None, "denoise-teacher-forced", None)
-    # A step off by its size (relative error), and one pointing elsewhere (cosine): each caught alone.
-    for bad in ({"rel_error": 0.5, "cosine": 0.99998}, {"rel_error": 0.01, "cosine": 0.9}):
-        steps = [*healthy[:3], bad, healthy[4]]
-        checked = denoising(steps, 5)
-        assert checked.first_bad_step == 3 and not checked.match
-        failed = decide.denoised(checked)
-        assert (failed.result, failed.failure_stage, failed.verdict_basis) == (
-            "FAIL",
-            "parity",
-            "denoise-teacher-forced",
-        )
-        assert failed.error is not None and "step 3 of 5 is out of tolerance" in failed.error
-    edge = [{"rel_error": MAX_REL_ERROR, "cosine": MIN_COSINE}]
-    assert denoising(edge, 1).match  # the tolerances are inclusive
-    nan = denoising([{"rel_error": math.nan, "cosine": 1.0}], 1)
-    assert nan.first_bad_step == 0
-    # A CPU check that scored fewer calls than the device made is no PASS.
-    short = decide.denoised(denoising(healthy[:4], 5))
-    assert (
-        short.result == "FAIL"
-        and short.error is not None
-        and "scored 4 denoiser call(s) of the device run's 5" in short.error
+    def score(stage: str, step: int, distance: float, noise: float) -> dict[str, object]:
+        return {"stage": stage, "step": step, "distance": distance, "noise": noise}
+
+    # bf16-sized noise: a device as far from float32 as the CPU's own bf16 is, or a little further, passes.
+    healthy = [score("denoise", i, 0.007, 0.009) for i in range(3)] + [score("scheduler", 0, 0.0028, 0.0028)]
+    good = calibrated(healthy, {"denoise": 3, "scheduler": 1})
+    assert good.match and good.closest is not None and good.closest.ratio == 1.0
+    assert decide.numeric(good, "pipeline-teacher-forced", "check") == decide.Decision(
+        "PASS", None, "pipeline-teacher-forced", None
     )
-    assert decide.denoised(denoising([], 0)).result == "FAIL"
+    fields = row_fields(good)
+    assert fields["evidence_stage"] == "scheduler" and fields["noise_ratio"] == 1.0 and fields["reference_match"]
+    assert fields["numeric_stages"] == ("denoise[0]", "denoise[1]", "denoise[2]", "scheduler[0]")
+    # The multiple is inclusive, and the floor holds a stage whose own noise is tiny (a float32 run).
+    assert calibrated([score("decode", 0, MULTIPLE * 0.01, 0.01)]).match
+    assert calibrated([score("decode", 0, MULTIPLE * FLOOR, 0.0)]).match
+    assert not calibrated([score("decode", 0, MULTIPLE * FLOOR * 1.01, 0.0)]).match
+    # The same distance that passes a noisy stage fails a quiet one: no one constant for every output.
+    assert calibrated([score("denoise", 0, 0.02, 0.009)]).match
+    assert not calibrated([score("scheduler", 0, 0.02, 0.0028)]).match
+    # The first comparison out of tolerance, in order, is named with its stage, step and ratio.
+    planted = calibrated([*healthy[:2], score("denoise", 2, 0.5, 0.0056), score("scheduler", 0, 0.3, 0.0028)])
+    assert planted.first_bad is not None and planted.first_bad.label == "denoise[2]"
+    failed = decide.numeric(planted, "pipeline-teacher-forced", "teacher-forced pipeline check")
+    assert (failed.result, failed.failure_stage, failed.verdict_basis) == ("FAIL", "parity", "pipeline-teacher-forced")
+    assert failed.error == (
+        "teacher-forced pipeline check: denoise at step 2: relative distance from float32 0.5 is 89.3x the dtype's "
+        "own noise 0.0056 (at most 3x); 1 later comparison(s) out of tolerance too"
+    )
+    assert row_fields(planted)["noise_ratio"] == 89.2857 and not row_fields(planted)["reference_match"]
+    # A non-finite distance never passes; nor does a check that scored fewer calls than the device made.
+    assert not calibrated([score("decode", 0, math.nan, 0.01)]).match
+    assert not calibrated([score("decode", 0, math.inf, 0.01)]).match
+    short = decide.numeric(calibrated(healthy[:2], {"denoise": 3, "scheduler": 1}), "b", "check")
+    assert short.result == "FAIL" and "denoise 2 of 3, scheduler 0 of 1" in (short.error or "")
+    assert decide.numeric(calibrated([]), "b", "check").result == "FAIL"
     # PSNR of 8-bit images: identical is the cap, one value off by 255 in a 4-pixel image is 10*log10(4).
     assert psnr([1, 2, 3, 4], [1, 2, 3, 4]) == 100.0
     assert psnr([0, 0, 0, 0], [255, 0, 0, 0]) == round(10 * math.log10(4), 3)
     assert psnr([1, 2], [1, 2, 3]) is None
+
+
+def test_a_text_to_image_pipeline_fails_placement_with_any_component_off_the_device() -> None:
+    assert decide.component_placement("neuron", {"unet": ["neuron"], "vae": ["neuron"]}) is None
+    off = decide.component_placement("neuron", {"unet": ["neuron"], "text_encoder": ["cpu", "neuron"]})
+    assert off is not None and (off.result, off.failure_stage, off.verdict_basis) == ("FAIL", "load", "placement")
+    assert off.error == "pipeline components not wholly on 'neuron': text_encoder on cpu, neuron"
 
 
 def test_a_pipeline_passes_placement_only_with_the_whole_model_on_the_asked_device() -> None:

@@ -180,7 +180,7 @@ def fake_owners_command(tmp_path: Path, listing: object, exit_status: int = 0) -
     return (str(script), "-j")
 
 
-#: The layout torchneuron.md documents for ``neuron-ls -j`` (and cores.parse_neuron_ls reads).
+#: The layout torchneuron.md documents for ``neuron-ls -j`` (and cores.core_owners reads).
 LISTING = [
     {
         "neuron_device": 0,

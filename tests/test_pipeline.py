@@ -25,6 +25,9 @@ from pytest_neuron_support.tasks.table import TASKS
 
 LLAMA, LLAVA, WHISPER = "tiny-random/llama", "tiny-random/llava", zoo.WHISPER_REPO
 ONE_CORE = Plan(cores=1, tp_size=1, ep_size=1, weight_bytes=1 << 20, skip=None, reason="fits one core")
+#: A cuda lease of a GPU index no host has: the run's CUDA_VISIBLE_DEVICES names it, so torch sees no CUDA
+#: device on any host, one with GPUs included (an index past the last GPU hides it and every one after it).
+NO_SUCH_GPU = 4096
 
 
 @pytest.mark.usefixtures("offline_hub", "eager_compile", "shared_references")
@@ -63,10 +66,29 @@ def test_pipelines_put_the_model_on_the_device_and_say_what_the_direct_path_says
 
 @pytest.mark.usefixtures("offline_hub")
 @pytest.mark.slow
+def test_a_model_a_post_load_hook_moves_off_the_cpu_device_fails_at_placement(tmp_path: Path) -> None:
+    """The counterpart of the cpu row's ``model_devices == ["cpu"]`` above, which alone could not fail on
+    ``--device=cpu`` (every tensor is on the CPU unless something moves it). The session's post-load hook
+    (``pytest_neuron_support_post_load``'s code) moves the final norm to the ``meta`` device, which every
+    host has: where the model is when it runs is read after the hook, so the check FAILs it at ``load`` on
+    its placement, naming both device types, and does not run it."""
+    settings = settings_on("cpu", results_dir=tmp_path / "out", model_timeout=300.0)
+    moved = "model.model.norm.to('meta')\n"
+    row = run_check(PipelineCheck(), ModelSpec(id=LLAMA), settings, ONE_CORE, post_load=moved)
+    assert (row.result, row.failure_stage, row.verdict_basis, row.check) == ("FAIL", "load", "placement", "pipeline")
+    assert row.model_devices == ("cpu", "meta") and row.pipeline_device == "cpu"
+    assert "the pipeline's model is on cpu, meta, not on cpu" in (row.error or ""), row.error
+    assert row.tokens == () and row.reference_match is None
+
+
+@pytest.mark.usefixtures("offline_hub")
+@pytest.mark.slow
 def test_a_pipeline_whose_model_stays_on_cpu_fails_and_says_so(tmp_path: Path) -> None:
     """The guide's trap, planted: a pipeline asked for ``device_map="auto"`` on a cuda session of a machine
     without CUDA, where Accelerate finds no GPU and silently loads onto the CPU. The real run.py runs (in
-    its own process) and the pipeline does run; the check must FAIL it at ``load`` and say where the model is."""
+    its own process) and the pipeline does run; the check must FAIL it at ``load`` and say where the model is.
+    The absence of CUDA holds on any host: the lease names a GPU no host has (:data:`NO_SUCH_GPU`), so the run's
+    ``CUDA_VISIBLE_DEVICES`` hides every GPU a host has."""
 
     class AutoPlacedPipeline(PipelineCheck):
         def device_spec(self, job: Job, post_load: str) -> RunSpec:
@@ -74,7 +96,9 @@ def test_a_pipeline_whose_model_stays_on_cpu_fails_and_says_so(tmp_path: Path) -
             return replace(spec, task_options={**spec.task_options, "pipeline": {"device_map": "auto"}})
 
     settings = settings_on("cuda", results_dir=tmp_path / "out", model_timeout=300.0)
-    row = run_check(AutoPlacedPipeline(), ModelSpec(id=LLAMA), settings, ONE_CORE)
+    no_gpu = (NO_SUCH_GPU, 1)
+    assert settings.device.pin_cores(*no_gpu) == {"CUDA_VISIBLE_DEVICES": str(NO_SUCH_GPU)}
+    row = run_check(AutoPlacedPipeline(), ModelSpec(id=LLAMA), settings, ONE_CORE, cores=no_gpu)
     assert (row.result, row.failure_stage, row.verdict_basis, row.check) == ("FAIL", "load", "placement", "pipeline")
     assert row.model_devices == ("cpu",) and row.pipeline_device == "cpu"
     assert "the pipeline's model stayed on cpu, not on cuda" in (row.error or "")
@@ -84,7 +108,7 @@ def test_a_pipeline_whose_model_stays_on_cpu_fails_and_says_so(tmp_path: Path) -
 
     # The same check as shipped asks for the device itself, which a machine without CUDA cannot give: an
     # ERROR at load (the pipeline raised), never a PASS on the CPU.
-    shipped = run_check(PipelineCheck(), ModelSpec(id=LLAMA), settings, ONE_CORE)
+    shipped = run_check(PipelineCheck(), ModelSpec(id=LLAMA), settings, ONE_CORE, cores=no_gpu)
     assert (shipped.result, shipped.failure_stage) == ("ERROR", "load"), shipped.error
     assert "'pipeline': {'device': 'cuda'}" in (shipped.runscript or "")
 

@@ -10,7 +10,15 @@ from pathlib import Path
 import pytest
 
 from pytest_neuron_support.devices.table import DEVICES
-from pytest_neuron_support.run.runscript import RunSpec, TrainSpec, render, render_train, template
+from pytest_neuron_support.run.runscript import (
+    RunSpec,
+    TrainSpec,
+    imported_modules,
+    render,
+    render_train,
+    run_requirements,
+    template,
+)
 
 
 def spec(**overrides: object) -> RunSpec:
@@ -54,14 +62,49 @@ def test_rendered_script_is_valid_python_with_everything_written_in() -> None:
 
 
 def test_imports_are_limited_to_stdlib_torch_and_transformers() -> None:
-    tree = ast.parse(render(spec()))
+    source = render(spec())
+    tree = ast.parse(source)
     roots = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             roots |= {alias.name.split(".")[0] for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module:
             roots.add(node.module.split(".")[0])
-    assert roots - set(sys.stdlib_module_names) == {"torch", "transformers"}
+    # huggingface_hub (transformers' own dependency) only where it is at hand: the commit of the snapshot.
+    assert roots - set(sys.stdlib_module_names) == {"torch", "transformers", "huggingface_hub"}
+    assert imported_modules(source) == ("torch", "transformers")
+
+
+#: The libraries each task's run.py imports on top of the stack (the pipeline check's run.py too).
+LIBRARIES = {
+    "text-generation": ("transformers",),
+    "image-text-to-text": ("pillow", "transformers"),
+    "feature-extraction": ("transformers",),
+    "sentence-similarity": ("transformers",),
+    # diffusers loads the pipeline's text encoders and tokenizers from transformers without depending on it.
+    "text-to-image": ("diffusers", "pillow", "transformers"),
+    "automatic-speech-recognition": ("transformers",),
+}
+
+
+def test_every_run_py_names_the_libraries_it_imports_pinned_in_its_docstring() -> None:
+    # The issue: run.py's docstring, `runscript` and the viewer left diffusers out of a text-to-image row's
+    # reproduction, and run.py's docstring named three of the six tasks.
+    from importlib import metadata
+
+    from pytest_neuron_support.tasks.table import TASKS as TABLE
+
+    assert set(LIBRARIES) == set(TABLE)
+    for task, expected in LIBRARIES.items():
+        row = TABLE[task]
+        for fragments in {row.fragments, *((row.pipeline_fragments,) if row.pipeline else ())}:
+            source = render(spec(task=task, **{**row.script_fields(), "fragments": fragments}))
+            assert spec_literal(source)["libraries"] == list(expected), (task, fragments)
+            pins = " ".join(f"{name}=={metadata.version(name)}" for name in expected)
+            assert f"\n    pip install {pins}\n" in source, (task, source[:1500])
+            assert run_requirements(spec(task=task, fragments=fragments)) == tuple(pins.split())
+    docstring = template("run.py").split('"""')[1]
+    assert "text-generation" not in docstring and "@@LIBRARIES@@" in docstring  # task-neutral, pins filled in
 
 
 def test_every_task_renders_its_loading_path() -> None:
@@ -86,7 +129,7 @@ def test_every_task_renders_its_loading_path() -> None:
         "audio.py": "def fixed_audio(",
         "embedding.py": "def pool(",
         "generation.py": "def run_generation(",
-        "text_to_image.py": "class DenoiserTape",
+        "text_to_image.py": "class StageTape",
     }
     for task in TASKS:
         source = render(spec(task=task, sentences=("a b", "c"), **TABLE[task].script_fields()))
@@ -264,6 +307,7 @@ def test_run_py_and_train_py_carry_the_one_common_code_inlined_once() -> None:
         "synchronize",
         "peak_device_memory",
         "run_and_write",
+        "snapshot_commit",
         # ranks
         "write_json",
         "rank_core",
@@ -340,3 +384,36 @@ def test_rendered_scripts_define_every_name_they_use(tmp_path: Path) -> None:
         text=True,
     )
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.slow
+def test_a_wheel_without_the_fallback_op_list_runs_and_says_the_ops_are_unknown(
+    offline_hub: Path, tmp_path: Path
+) -> None:
+    # The issue: run.py called the device's fallback-op list unguarded; torch_neuronx.get_fallback_ops reads
+    # a private binding, and a wheel without it failed a run that worked. The planted module stands in for
+    # such a wheel: it imports, and has no get_fallback_ops.
+    import dataclasses
+
+    from pytest_neuron_support.data.records import Row
+    from pytest_neuron_support.run.runscript import render_and_run
+    from pytest_neuron_support.tasks.task import Task
+
+    planted = tmp_path / "planted"
+    planted.mkdir()
+    (planted / "wheel_without_fallback_ops.py").write_text('"""A device wheel that lists no fallback ops."""\n')
+    kind = dataclasses.replace(
+        DEVICES["cpu"], fallback_ops_expr="__import__('wheel_without_fallback_ops').get_fallback_ops()"
+    )
+    run = spec(model="tiny-random/gpt2", dtype="float32", device=kind, compile=False, max_new_tokens=4)
+    env = {**os.environ, "PYTHONPATH": str(planted)}
+    _, outcome = render_and_run(run, tmp_path / "run", env=env, timeout=300)
+    result = outcome.result
+    assert result is not None and result["ok"], (result or {}).get("traceback", outcome)
+    assert result["fallback_ops"] is None and len(result["tokens"]) == 4
+    unknown = result["fallback_ops_unavailable"]
+    assert unknown.startswith("AttributeError:") and "get_fallback_ops" in unknown, unknown
+    # The row keeps no op, and says the list is unknown (not empty) and why.
+    row = Task("text-generation").with_result(Row(model_id="tiny-random/gpt2", result="ERROR"), result)
+    assert row.fallback_ops == () and row.libraries == tuple(result["libraries"])
+    assert row.fallback_ops_unknown == unknown

@@ -22,6 +22,7 @@ from pytest_neuron_support.run.runscript import RunSpec, render, template
 from pytest_neuron_support.tasks.embedding import EMBEDDING_SENTENCES
 from pytest_neuron_support.tasks.table import task_of
 from pytest_neuron_support.verdict.embeddings import DEFAULT_MIN_COSINE, compare_embeddings
+from pytest_neuron_support.verdict.tolerance import FLOOR, MULTIPLE
 
 MINILM = zoo.MINILM_REPO
 #: The same checkpoint under another id, so one session can run it clean and perturbed.
@@ -87,13 +88,18 @@ def test_vlm_and_real_minilm_pass_and_a_perturbed_minilm_fails_at_parity(
     assert (minilm.result, minilm.task, minilm["dtype"]) == ("PASS", "sentence-similarity", "float32")
     assert DEFAULT_MIN_COSINE <= minilm.min_cosine <= 1.0 and minilm.reference_match
     assert minilm.cosine_threshold == DEFAULT_MIN_COSINE
+    # The calibrated rule judged every sentence: float32 on the device, so the floor is the rule's own.
+    assert minilm.verdict_basis == "embedding-calibrated" and minilm.reference_dtype == "float32"
+    assert len(minilm.numeric_stages) == len(EMBEDDING_SENTENCES) and minilm.noise_ratio <= MULTIPLE
+    assert minilm.noise_floor == FLOOR and minilm.evidence_stage == "embedding"
     assert minilm.graphs_compiled >= 1 and minilm.compile_s > 0 and len(minilm.tokens) == 0
     assert pd.isna(minilm.prompt) and pd.isna(minilm.failure_stage) and pd.isna(minilm.max_new_tokens)
 
     perturbed = df.loc[PERTURBED]
     assert (perturbed.result, perturbed.failure_stage) == ("FAIL", "parity")
     assert perturbed.min_cosine < DEFAULT_MIN_COSINE and not perturbed.reference_match
-    assert "below the threshold 0.999" in perturbed.error
+    assert perturbed.verdict_basis == "embedding-calibrated" and perturbed.noise_ratio > MULTIPLE
+    assert "embeddings: embedding at step 0: relative distance from float32" in perturbed.error
     assert "parameter.add_(torch.randn_like(parameter) * 0.02)" in perturbed.runscript
 
     # run.py reproduces the checkpoint's own pooling: its CPU embeddings are sentence-transformers'.

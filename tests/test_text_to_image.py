@@ -18,11 +18,17 @@ from pytest_neuron_support.base.model import ModelSpec
 from pytest_neuron_support.base.storage import slug
 from pytest_neuron_support.planning.planner import PlanningError, count_safetensors_parameters
 from pytest_neuron_support.tasks.text_to_image import read_pipeline_shape, weighted_components
-from pytest_neuron_support.verdict.denoising import MAX_REL_ERROR
+from pytest_neuron_support.verdict.tolerance import MULTIPLE
 
 PIPELINE = zoo.PIPELINE_REPO
-#: The same pipeline under another id, so one session can run it clean and with a planted fault.
-PLANTED = "planted/stable-diffusion"
+#: The same pipeline under other ids, so one session runs it clean and with each fault planted on the
+#: device side only (run.py's post-load hook runs in the device run, never in the CPU checks).
+DENOISE, GUIDANCE, SCHEDULER, DECODE, PLACEMENT = (
+    f"planted/{name}" for name in ("denoise", "guidance", "scheduler", "decode", "placement")
+)
+PLANTED = (DENOISE, GUIDANCE, SCHEDULER, DECODE, PLACEMENT)
+#: The step the scheduler fault is planted at (0-based call of scheduler.step).
+SCHEDULER_STEP = 2
 
 
 def _snapshot(cache: Path, repo: str) -> Path:
@@ -43,7 +49,8 @@ def pipeline_hub(offline_hub: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPa
     """A private copy of the zoo cache holding the tiny pipeline under its own id and a second id."""
     cache = tmp_path / "hub"
     shutil.copytree(offline_hub, cache, symlinks=True)
-    zoo.install_snapshot(cache, PLANTED, _snapshot(cache, PIPELINE))
+    for planted in PLANTED:
+        zoo.install_snapshot(cache, planted, _snapshot(cache, PIPELINE))
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))
     return cache
 
@@ -56,62 +63,105 @@ def zoo_cache_in_process(offline_hub: Path, monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(offline_hub))
 
 
-def test_the_tiny_pipeline_passes_and_a_fault_in_one_denoising_step_fails_at_that_step(
+def test_the_tiny_pipeline_passes_and_a_fault_at_any_stage_fails_there(
     pytester: pytest.Pytester, pipeline_hub: Path
 ) -> None:
     calls = pipeline_timesteps(_snapshot(pipeline_hub, PIPELINE))
-    # The fault: on the device only (the post-load hook), the noise prediction of the one call whose
-    # timestep appears once is scaled by 1.5, in both pipeline calls alike (the warm run repeats it).
+    # The denoise fault: the noise prediction of the one call whose timestep appears once is scaled by 1.5,
+    # in both pipeline calls alike (the warm run repeats it). The guidance fault: the guidance combine uses a
+    # scale 20 % larger than asked. The scheduler fault: one step's new latent scaled by 1.3 (its PSNR alone
+    # would pass it). The decode fault: the VAE decoder's output negated. The placement fault: a buffer of the
+    # text encoder left off the device (on `meta`, which every host has). The pipeline calls the scheduler
+    # and the decoder with return_dict=False: each returns a tuple.
     step = next(i for i, t in enumerate(calls) if calls.count(t) == 1 and i > 0)
     pytester.makeconftest(
         f"""
-def pytest_neuron_support_post_load(config, model):
-    if model.id != {PLANTED!r}:
-        return None
-    return (
+FAULTS = {{
+    {DENOISE!r}: (
         "def planted(module, args, kwargs, output):\\n"
         "    timestep = args[1] if len(args) > 1 else kwargs['timestep']\\n"
         "    hit = (torch.as_tensor(timestep) == {calls[step]}).to(output[0].dtype)\\n"
         "    return (output[0] * (1 + 0.5 * hit), *output[1:])\\n"
         "model.unet.register_forward_hook(planted, with_kwargs=True)\\n"
-    )
+    ),
+    {GUIDANCE!r}: "type(model).guidance_scale = property(lambda self: self._guidance_scale * 1.2)\\n",
+    {SCHEDULER!r}: (
+        "step, calls = model.scheduler.step, []\\n"
+        "def planted(*args, **kwargs):\\n"
+        "    out = step(*args, **kwargs)\\n"
+        "    calls.append(1)\\n"
+        "    scale = 1.3 if len(calls) % {len(calls)} == {SCHEDULER_STEP + 1} else 1.0\\n"
+        "    return (out[0] * scale, *out[1:])\\n"
+        "model.scheduler.step = planted\\n"
+    ),
+    {DECODE!r}: (
+        "decode = model.vae.decode\\n"
+        "def planted(*args, **kwargs):\\n"
+        "    out = decode(*args, **kwargs)\\n"
+        "    return (-out[0], *out[1:])\\n"
+        "model.vae.decode = planted\\n"
+    ),
+    {PLACEMENT!r}: "model.text_encoder.register_buffer('planted', torch.zeros(1, device='meta'))\\n",
+}}
+
+
+def pytest_neuron_support_post_load(config, model):
+    return FAULTS.get(model.id)
 """
     )
-    pytester.makefile(
-        ".yaml",
-        models=f"models:\n  - {{id: {PIPELINE}, task: text-to-image}}\n  - {{id: {PLANTED}, task: text-to-image}}\n",
-    )
+    entries = "".join(f"  - {{id: {name}, task: text-to-image}}\n" for name in (PIPELINE, *PLANTED))
+    pytester.makefile(".yaml", models=f"models:\n{entries}")
     result = pytester.runpytest_subprocess("--device=cpu", "-n", "2", "--results-dir=out", "--reference-cache=none")
-    assert_outcomes(result, pytester.path / "out", passed=1, failed=1)
+    assert_outcomes(result, pytester.path / "out", passed=1, failed=len(PLANTED))
     df = pd.read_parquet(pytester.path / "out" / "data").set_index("model_id")
 
     clean = df.loc[PIPELINE]
-    assert (clean.result, clean.task, clean.verdict_basis) == ("PASS", "text-to-image", "denoise-teacher-forced")
-    assert clean.denoise_steps_checked == len(calls) and clean.reference_match
-    assert (clean.denoise_rel_errors <= MAX_REL_ERROR).all() and clean.denoise_max_rel_error <= MAX_REL_ERROR
+    assert (clean.result, clean.task, clean.verdict_basis) == ("PASS", "text-to-image", "pipeline-teacher-forced")
+    assert clean.reference_match and clean.noise_ratio <= MULTIPLE and (clean.numeric_ratios <= MULTIPLE).all()
+    # Every stage of every step was judged: each denoiser call, its guidance and scheduler step, and the decode.
+    assert sorted(set(s.split("[")[0] for s in clean.numeric_stages)) == ["decode", "denoise", "guidance", "scheduler"]
+    assert list(clean.numeric_stages).count("decode[0]") == 1
+    assert sum(s.startswith("denoise[") for s in clean.numeric_stages) == len(calls)
+    assert clean.noise_floor > 0 and clean.evidence_distance >= 0
+    assert f"{clean.evidence_stage}[{int(clean.evidence_step)}]" in clean.numeric_stages
     assert clean.graphs_compiled >= 1 and clean.recompiles == 0 and clean.repeat_identical
     assert clean.compile_s > 0 and clean.denoise_step_s > 0 and clean.image_psnr > 20
     assert "torch.compile(" in clean.runscript and "fullgraph=True" in clean.runscript
+    assert ".enable_neuron_compile(" not in clean.runscript  # diffusers has no such call (docs/tasks.md)
     assert "'auto_class': 'DiffusionPipeline'" in clean.runscript and "def run_generation(" not in clean.runscript
     assert pd.isna(clean.max_new_tokens) and len(clean.tokens) == 0
+    assert list(clean.model_devices) == ["cpu"]
 
-    planted = df.loc[PLANTED]
-    assert (planted.result, planted.failure_stage, planted.verdict_basis) == (
-        "FAIL",
-        "parity",
-        "denoise-teacher-forced",
-    )
-    assert planted.denoise_first_bad_step == step and not planted.reference_match
-    # Only the planted step is off, by what was planted: half the prediction.
-    assert (planted.denoise_rel_errors > MAX_REL_ERROR).tolist() == [i == step for i in range(len(calls))]
-    assert 0.45 < planted.denoise_rel_errors[step] < 0.55
-    assert (
-        f"step {step} of {len(calls)} is out of tolerance" in planted.error and "relative error 0.49" in planted.error
-    )
-    assert "model.unet.register_forward_hook(planted" in planted.runscript
+    def failed(model: str, stage: str, step: int) -> pd.Series:
+        row = df.loc[model]
+        assert (row.result, row.failure_stage, row.verdict_basis) == ("FAIL", "parity", "pipeline-teacher-forced"), (
+            model,
+            row.error,
+        )
+        assert (row.evidence_stage, int(row.evidence_step)) == (stage, step), (model, row.error)
+        assert row.noise_ratio > MULTIPLE and not row.reference_match
+        assert f"{stage} at step {step}: relative distance from float32" in row.error, row.error
+        assert "model." in row.runscript  # the planted hook is in the run.py that ran
+        return row
+
+    # Only the planted step is off: every other denoiser call is within tolerance.
+    denoised = failed(DENOISE, "denoise", step)
+    off = [s for s, r in zip(denoised.numeric_stages, denoised.numeric_ratios, strict=True) if r > MULTIPLE]
+    assert off == [f"denoise[{step}]"], off
+    assert 0.4 < denoised.evidence_distance < 0.6  # half the prediction, as planted
+    failed(GUIDANCE, "guidance", 0)
+    assert 0.05 < df.loc[GUIDANCE].evidence_distance < 0.5
+    failed(SCHEDULER, "scheduler", SCHEDULER_STEP)
+    assert 0.25 < df.loc[SCHEDULER].evidence_distance < 0.35
+    failed(DECODE, "decode", 0)
+    # The placement fault never reaches the numbers: a component off the device is a FAIL at load.
+    misplaced = df.loc[PLACEMENT]
+    assert (misplaced.result, misplaced.failure_stage, misplaced.verdict_basis) == ("FAIL", "load", "placement")
+    assert "text_encoder on cpu, meta" in misplaced.error
 
     # Both images are beside their runs, and each row names them.
-    for model, row in ((PIPELINE, clean), (PLANTED, planted)):
+    for model in (PIPELINE, DENOISE):
+        row = df.loc[model]
         runs = pytester.path / "out" / "runs" / slug(model) / "cpu"
         assert (pytester.path / "out" / row.image).samefile(runs / "device" / "image.png")
         assert (pytester.path / "out" / row.reference_image).samefile(runs / "reference" / "image.png")
@@ -184,3 +234,58 @@ def test_the_planner_reads_a_pipeline_through_the_hub_api(offline_hub: Path, tmp
     # Every weights file was read by its header only (a Range request), never downloaded whole.
     weights = [r for r in asked if r.path.endswith(".safetensors") and r.method == "GET"]
     assert weights and all(r.headers.get("range") for r in weights)
+
+
+def test_the_recording_moves_a_device_tensor_to_the_host_before_it_casts_it(tmp_path: Path) -> None:
+    # The harness's own ops on device tensors are counted in the device's fallback-op list like the model's
+    # (torch-neuronx tracks every op that runs on the host for a device tensor): a recording made with
+    # `.float().cpu()` casts on the device first. run.py's `on_cpu` must move first, then cast, on the host.
+    import importlib.util
+
+    from pytest_neuron_support.devices.table import DEVICES
+    from pytest_neuron_support.run.runscript import RunSpec, render
+    from pytest_neuron_support.tasks.table import task_of
+
+    task = task_of("text-to-image")
+    spec = RunSpec(
+        model="org/pipeline",
+        revision="main",
+        task="text-to-image",
+        dtype="bfloat16",
+        prompt="p",
+        max_new_tokens=0,
+        device=DEVICES["neuron"],
+        compile=True,
+        compile_backend="neuron",
+        **task.script_fields(),
+    )
+    script = tmp_path / "run_t2i.py"
+    script.write_text(render(spec), encoding="utf-8")
+    loader = importlib.util.spec_from_file_location("run_t2i", script)
+    assert loader is not None and loader.loader is not None
+    module = importlib.util.module_from_spec(loader)
+    loader.loader.exec_module(module)
+
+    calls: list[str] = []
+
+    class DeviceTensor:
+        """Stands in for a tensor on the device: records what the harness asks of it, in order."""
+
+        def detach(self) -> DeviceTensor:
+            calls.append("detach")
+            return self
+
+        def to(self, *args: object, **kwargs: object) -> DeviceTensor:
+            calls.append(f"to{args}{sorted(kwargs.items())}")
+            return self
+
+        def cpu(self) -> DeviceTensor:
+            calls.append("cpu")
+            return self
+
+        def float(self) -> DeviceTensor:
+            calls.append("float")
+            return self
+
+    module.on_cpu(DeviceTensor())
+    assert calls == ["detach", "to('cpu',)[]", "float"], calls

@@ -12,6 +12,7 @@ from typing import Any
 
 import pandas as pd
 import pytest
+from hubrefs import move_main, private_hub, snapshot
 from judges import build_judge, expected_score, no_ids, yes_ids
 
 from pytest_neuron_support.catalog.load import CatalogError, check_cores, cli_model, parse_catalog
@@ -123,11 +124,14 @@ def test_beside(neuron_run, neuron_reference):
 @pytest.mark.slow
 @pytest.mark.usefixtures("eager_compile")
 def test_a_users_reference_runs_beside_the_device_run_or_comes_from_the_cache(
-    pytester: pytest.Pytester, offline_hub: Path, tmp_path: Path
+    pytester: pytest.Pytester, offline_hub: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # tiny-random/qwen3 records no commit (transformers 5.24 keeps none on the config). The user's
-    # neuron_reference used to refuse such an entry while the early start had skipped it for being
-    # cached, so the second session ran its reference after the device run.
+    # Each run records the commit of the Hub cache snapshot it loaded (transformers 5.24 keeps none on the
+    # config, so every entry used to match every commit). The user's neuron_reference used to refuse an
+    # entry the early start had skipped for being cached, so the second session ran its reference after
+    # the device run.
+    hub = private_hub(offline_hub, tmp_path / "hub", monkeypatch)
+    loaded = snapshot(hub, "tiny-random/qwen3").name
     pytester.makepyfile(test_mine=REFERENCE_TEST)
     cache = tmp_path / "reference-cache"
 
@@ -137,22 +141,27 @@ def test_a_users_reference_runs_beside_the_device_run_or_comes_from_the_cache(
         )
         result.assert_outcomes(passed=1)
         seen: dict[str, Any] = json.loads((pytester.path / "seen.json").read_text())
+        rows = pd.read_parquet(pytester.path / results / "data").to_dict("records")
+        seen["rows_cached"] = [row["reference_cached"] for row in rows]
         return seen
 
     # Nothing cached: the reference's run.py was written (its process started) before the device run ended.
     first = session("first")
     assert first["cached"] is False and first["reference_started"] < first["device_ended"]
-    # Cached, of no commit: the entry the early start was skipped for is the one used; nothing runs after.
+    [entry] = cache.glob("*.json")
+    assert json.loads(entry.read_text())["commit"] == loaded
+    # Cached, of the commit refs/main names: the entry the early start was skipped for is the one used;
+    # nothing runs after.
     second = session("second")
     assert second["cached"] is True and second["reference_started"] is None
-    rows = pd.read_parquet(pytester.path / "second" / "data").to_dict("records")
-    assert [row["reference_cached"] for row in rows] == [True]
-    # Cached, of another commit than the device run's (a moved branch): a miss, and the reference
-    # still started beside the device run, not after it.
-    [entry] = cache.glob("*.json")
-    entry.write_text(json.dumps({**json.loads(entry.read_text()), "commit": "f" * 40}))
+    assert second["rows_cached"] == [True]
+    # The Hub's main moved (a new snapshot under refs/main, as the next download leaves it): the entry is
+    # the old commit's, so the reference reruns, started beside the device run, not after it.
+    moved = move_main(hub, "tiny-random/qwen3", tmp_path / "pushed")
     third = session("third")
     assert third["cached"] is False and third["reference_started"] < third["device_ended"]
+    assert third["rows_cached"] == [False]
+    assert json.loads(entry.read_text())["commit"] == moved
 
 
 MARKER_TESTS = """

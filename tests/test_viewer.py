@@ -382,13 +382,17 @@ def test_saved_snapshot_is_reused(site: Path, dataset: Path, tmp_path: Path) -> 
     assert "cannot read the Hub snapshot" in embedded(tmp_path / "c" / "index.html")["hub"]["unavailable"]
 
 
-def test_report_on_an_empty_dataset_and_a_bad_catalog(tmp_path: Path) -> None:
+def test_report_on_a_missing_dataset_and_a_bad_catalog(tmp_path: Path) -> None:
+    # A mistyped results folder is an error, not an empty site to publish.
     done = cli("report", "--results-dir", str(tmp_path / "none"), "--out", str(tmp_path / "site"), "--no-hub")
-    assert done.returncode == 0, done.stderr
-    assert embedded(tmp_path / "site" / "index.html")["stacks"] == []
+    assert done.returncode == 2 and "holds no dataset: the folder does not exist" in done.stderr, done.stderr
+    assert not (tmp_path / "site").exists()
+    write_rows(tmp_path / "results", [make_row("org/m", "PASS", NEW)])
     bad = tmp_path / "bad.yaml"
     bad.write_text("models: [{id: 'not an id'}]\n", encoding="utf-8")
-    done = cli("report", "--models-file", str(bad), "--out", str(tmp_path / "x"), "--no-hub")
+    done = cli(
+        "report", "--results-dir", str(tmp_path / "results"), "--models-file", str(bad), "--out", str(tmp_path / "x")
+    )
     assert done.returncode == 2 and "bad.yaml" in done.stderr
 
 
@@ -624,6 +628,11 @@ def test_model_detail_shows_runscript_and_how_to_rerun(page: Any) -> None:
     page.find_element(By.CSS_SELECTOR, "button.model[data-model='org/beta-7b']").click()
     detail = page.find_element(By.ID, "detail")
     assert wait_for(detail.is_displayed)
+    # run.py is collapsed (what the row produced comes first); its summary opens it.
+    box = page.find_element(By.ID, "runscript-box")
+    assert box.get_attribute("open") is None and not page.find_element(By.ID, "runscript").is_displayed()
+    box.find_element(By.TAG_NAME, "summary").click()
+    assert wait_for(page.find_element(By.ID, "runscript").is_displayed)
     assert page.find_element(By.ID, "runscript").text == RUNSCRIPT.format(model="org/beta-7b").rstrip("\n")
     assert "einops>=0.8" in page.find_element(By.ID, "install").text
     assert page.find_element(By.ID, "sync").text == (
@@ -955,3 +964,280 @@ def test_architectures_view_shows_the_census_and_keeps_it_out_of_selected_and_fa
     browser.find_element(By.ID, "view-failures").click()
     models = wait_for(lambda: [b.text for b in browser.find_elements(By.CSS_SELECTOR, "#failures button.model")])
     assert models == ["org/alpha-1b"]
+
+
+# --- links, near ties, what a row produced and how to install it (issue 39, item 8) ---------------
+
+
+def ready(driver: Any, url: str) -> None:
+    """Open ``url`` as a fresh page load (a blank page first: a fragment change alone would not reload)."""
+    driver.get("about:blank")
+    driver.get(url)
+    assert wait_for(lambda: driver.execute_script("return document.body.dataset.ready") == "true")
+
+
+def fragment(driver: Any) -> str:
+    return str(driver.execute_script("return decodeURIComponent(location.hash)"))
+
+
+def test_a_fragment_opens_its_view_or_row_and_navigating_writes_it(browser: Any, site: Path) -> None:
+    from selenium.webdriver.common.by import By
+
+    def selected_view() -> str:
+        return str(browser.find_element(By.CSS_SELECTOR, "nav button[aria-selected='true']").get_attribute("data-view"))
+
+    def detail() -> tuple[str, str] | None:
+        panel = browser.find_element(By.ID, "detail")
+        if not panel.is_displayed():
+            return None
+        return panel.find_element(By.TAG_NAME, "h2").text, panel.find_element(By.CSS_SELECTOR, ".badge").text
+
+    uri = (site / "index.html").as_uri()
+    ready(browser, uri + "#view=downloads")
+    assert selected_view() == "downloads"
+    assert next(iter(table(browser))) == "hub/fresh-model"  # the Downloads ranking, most downloads first
+    ready(browser, uri + "#view=census")
+    assert browser.find_element(By.ID, "census-view").is_displayed()
+    # A row opens on its own stack (the older one here: the selectors follow), with the view behind it.
+    old_stack = f"neuronxcc-{CC}__transformers-{OLD}"
+    ready(browser, uri + f"#view=selected&row=org/beta-7b/inference&stack={old_stack}")
+    assert detail() == ("org/beta-7b", "ERROR")
+    assert browser.find_element(By.ID, "library").get_attribute("value") == f"transformers {OLD}"
+    assert table(browser)["org/gamma-vl"] == "FAIL"  # the table behind shows the same stack
+    # Without a stack, the newest stack's row; the model's id keeps its slash.
+    ready(browser, uri + "#row=org/alpha-1b/inference")
+    assert detail() == ("org/alpha-1b", "TIMEOUT") and selected_view() == "selected"
+    # A model a view lists untested opens too; a row this report does not hold says so.
+    ready(browser, uri + "#view=trending&row=hub/fresh-model")
+    assert detail() == ("hub/fresh-model", "not tested") and selected_view() == "trending"
+    ready(browser, uri + "#row=org/nowhere/inference")
+    assert "No row org/nowhere/inference in this report" in browser.find_element(By.ID, "row-missing").text
+
+    # Navigating writes the fragment: a view, a filter, a row; its link is that address; back undoes.
+    ready(browser, uri)
+    assert fragment(browser) == ""
+    browser.find_element(By.ID, "view-trending").click()
+    assert wait_for(lambda: fragment(browser) == "#view=trending")
+    browser.find_element(By.ID, "search").send_keys("alpha")
+    assert wait_for(lambda: fragment(browser) == "#view=trending&q=alpha")
+    browser.find_element(By.CSS_SELECTOR, "button.model[data-model='org/alpha-1b']").click()
+    new_stack = f"neuronxcc-{CC}__transformers-{NEW}"
+    row_fragment = f"#view=trending&q=alpha&row=org/alpha-1b/inference&stack={new_stack}"
+    assert wait_for(lambda: fragment(browser) == row_fragment)
+    link = browser.find_element(By.ID, "row-link").get_attribute("href")
+    assert link.split("#", 1)[1] == browser.execute_script("return location.hash").lstrip("#")
+    browser.back()
+    assert wait_for(lambda: detail() is None)
+    assert fragment(browser) == "#view=trending&q=alpha"
+    browser.forward()
+    assert wait_for(lambda: detail() == ("org/alpha-1b", "TIMEOUT"))
+    # The address reopens the same page in a fresh load.
+    address = browser.current_url
+    ready(browser, address)
+    assert detail() == ("org/alpha-1b", "TIMEOUT") and selected_view() == "trending"
+    assert browser.find_element(By.ID, "search").get_attribute("value") == "alpha"
+    browser.find_element(By.ID, "detail-close").click()
+    assert wait_for(lambda: fragment(browser) == "#view=trending&q=alpha")
+    assert [entry for entry in browser.get_log("browser") if entry["level"] == "SEVERE"] == []
+
+
+def near_tie_rows() -> list[Row]:
+    """PASSes exact and near-tie (free-running and teacher-forced), a near-tie FAIL, a census near-tie."""
+    return [
+        make_row(
+            "org/exact",
+            "PASS",
+            NEW,
+            parity_mode="exact",
+            reference_match=True,
+            verdict_basis="parity+teacher-forced",
+        ),
+        make_row(
+            "org/tie-free",
+            "PASS",
+            NEW,
+            parity_mode="near-tie",
+            reference_match=False,
+            first_divergence=4,
+            logprob_gap=0.031,
+            near_tie=True,
+            verdict_basis="parity+teacher-forced",
+        ),
+        make_row(
+            "org/tie-forced",
+            "PASS",
+            NEW,
+            parity_mode="near-tie",
+            reference_match=True,
+            positions_checked=32,
+            positions_disagreeing=2,
+            disagreements_near_tie=True,
+            max_logprob_deficit=0.12,
+        ),
+        make_row(
+            "org/tie-fail",
+            "FAIL",
+            NEW,
+            failure_stage="parity",
+            parity_mode="exact",
+            reference_match=False,
+            first_divergence=3,
+            near_tie=True,
+        ),
+        make_row("census/llama", "PASS", NEW, source="census", device="cpu", parity_mode="near-tie", near_tie=True),
+    ]
+
+
+def test_a_near_tie_pass_is_marked_in_the_table_the_census_and_its_page(browser: Any, tmp_path: Path) -> None:
+    from selenium.webdriver.common.by import By
+
+    write_rows(tmp_path / "results", near_tie_rows())
+    catalog = tmp_path / "models.yaml"  # one entry: the others show as models checked with --model
+    catalog.write_text("models:\n  - {id: org/exact, task: text-generation}\n", encoding="utf-8")
+    report = ("report", "--results-dir", str(tmp_path / "results"), "--models-file", str(catalog))
+    done = cli(*report, "--out", str(tmp_path / "s"), "--no-hub")
+    assert done.returncode == 0, done.stderr
+    ready(browser, (tmp_path / "s" / "index.html").as_uri())
+    marked = {
+        tr.get_attribute("data-model"): tr.get_attribute("data-near-tie")
+        for tr in browser.find_elements(By.CSS_SELECTOR, "#models tbody tr")
+    }
+    assert marked == {"org/exact": "false", "org/tie-free": "true", "org/tie-forced": "true", "org/tie-fail": "false"}
+    label = browser.find_element(By.CSS_SELECTOR, "tr[data-model='org/tie-free'] .badge.near-tie")
+    assert label.is_displayed() and label.text == "near-tie"
+    assert label.get_attribute("title") == (
+        "PASS with --parity=near-tie: free-running tokens part from the CPU's at index 4, gap 0.031 nats, a near-tie"
+    )
+    forced = browser.find_element(By.CSS_SELECTOR, "tr[data-model='org/tie-forced'] .badge.near-tie")
+    assert "2 of 32 teacher-forced positions disagree, all near-ties, max deficit 0.12 nats" in forced.get_attribute(
+        "title"
+    )
+    # Only PASSes carry it: a FAIL whose miss was a near-tie is a FAIL, an exact PASS is unmarked.
+    for model in ("org/exact", "org/tie-fail"):
+        assert browser.find_elements(By.CSS_SELECTOR, f"tr[data-model='{model}'] .badge.near-tie") == []
+    # The parity mode is a column of the table.
+    heads = [th.get_attribute("data-column") for th in browser.find_elements(By.CSS_SELECTOR, "#models thead th")]
+    column = heads.index("parity_mode") + 1
+    mode = {
+        m: browser.find_element(By.CSS_SELECTOR, f"tr[data-model='{m}'] td:nth-child({column})").text
+        for m in ("org/exact", "org/tie-free")
+    }
+    assert mode == {"org/exact": "exact", "org/tie-free": "near-tie"}
+    assert browser.find_element(By.CSS_SELECTOR, "#summary .chip[data-result='PASS']").text == "PASS 3 (2 near-tie)"
+    # The row's page: the label by the result, the reason, and the mode among the result's fields.
+    browser.find_element(By.CSS_SELECTOR, "button.model[data-model='org/tie-free']").click()
+    assert wait_for(browser.find_element(By.ID, "detail").is_displayed)
+    assert browser.find_element(By.CSS_SELECTOR, "#detail .badge.near-tie").is_displayed()
+    assert "a near-tie" in browser.find_element(By.CSS_SELECTOR, "#detail .near-tie-note").text
+    assert browser.find_element(By.CSS_SELECTOR, "#detail dd[data-column='parity_mode']").text == "near-tie"
+    # The Architectures view marks it too.
+    browser.find_element(By.ID, "view-census").click()
+    census = wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#census tr[data-architecture='llama']"))
+    assert census[0].find_element(By.CSS_SELECTOR, ".badge.near-tie").text == "near-tie"
+
+
+def output_rows() -> list[Row]:
+    """A text-to-image FAIL and PASS with the libraries their run.py imported and the numeric check's
+    evidence, a generated text and a transcript, and a row from before the libraries column."""
+    image: dict[str, Any] = {"task": "text-to-image", "device": "cpu"}
+    libraries = (f"transformers=={NEW}", "diffusers==0.42.1")
+    stages = ("denoise[0]", "guidance[0]", "scheduler[0]", "denoise[1]", "scheduler[1]")
+    return [
+        make_row(
+            "org/sd-broken",
+            "FAIL",
+            NEW,
+            failure_stage="parity",
+            libraries=libraries,
+            numeric_stages=stages,
+            numeric_ratios=(0.41, 0.2, 0.33, 0.52, 12.4),
+            evidence_stage="scheduler",
+            evidence_step=1,
+            evidence_distance=0.0123,
+            noise_floor=0.000992,
+            noise_ratio=12.4,
+            **image,
+        ),
+        make_row(
+            "org/sd",
+            "PASS",
+            NEW,
+            libraries=libraries,
+            numeric_stages=stages,
+            numeric_ratios=(0.41, 0.2, 0.33, 0.812, 0.5),
+            evidence_stage="denoise",
+            evidence_step=1,
+            evidence_distance=0.00081,
+            noise_floor=0.000998,
+            noise_ratio=0.812,
+            **image,
+        ),
+        make_row(
+            "org/llm",
+            "PASS",
+            NEW,
+            prompt="The capital of France is",
+            text=" Paris. The capital of Germany is Berlin.",
+            libraries=(f"transformers=={NEW}",),
+        ),
+        make_row("org/whisper", "PASS", NEW, task="automatic-speech-recognition", text=" Hello from the device."),
+    ]
+
+
+def test_a_rows_page_shows_what_it_produced_above_run_py_and_every_library_to_install(
+    browser: Any, tmp_path: Path
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    results = tmp_path / "results"
+    write_rows(results, output_rows())
+    done = cli("report", "--results-dir", str(results), "--out", str(tmp_path / "s"), "--no-hub")
+    assert done.returncode == 0, done.stderr
+    uri = (tmp_path / "s" / "index.html").as_uri()
+
+    def open_row(model: str) -> Any:
+        ready(browser, f"{uri}#row={model}/inference")
+        panel = browser.find_element(By.ID, "detail")
+        assert panel.is_displayed()
+        return panel
+
+    # The table says how close each numeric check came: a FAIL's stage, step and ratio, a PASS's closest.
+    ready(browser, uri)
+    heads = [th.get_attribute("data-column") for th in browser.find_elements(By.CSS_SELECTOR, "#models thead th")]
+    assert "noise_ratio" in heads and not [h for h in heads if h.startswith("denoise_")]
+    column = heads.index("noise_ratio") + 1
+
+    def ratio(model: str) -> str:
+        return str(browser.find_element(By.CSS_SELECTOR, f"tr[data-model='{model}'] td:nth-child({column})").text)
+
+    times = "\N{MULTIPLICATION SIGN}"
+    assert ratio("org/sd-broken") == f"12.4{times} scheduler[1]" and ratio("org/sd") == f"0.812{times} denoise[1]"
+    assert ratio("org/llm") == ""
+    # The text-to-image row's packages box names diffusers, at the version that ran.
+    panel = open_row("org/sd-broken")
+    install = browser.find_element(By.ID, "install").text
+    assert f"pip install torch==2.9.0 transformers=={NEW} diffusers==0.42.1" in install, install
+    evidence = browser.find_element(By.ID, "numeric-evidence").text
+    assert evidence == "out of tolerance first at scheduler[1]: distance 0.0123 = 12.4 x the noise floor 0.000992"
+    shown = {dd.get_attribute("data-column") for dd in panel.find_elements(By.CSS_SELECTOR, "dl dd[data-column]")}
+    assert {"evidence_stage", "evidence_step", "noise_floor", "noise_ratio", "numeric_stages", "libraries"} <= shown
+    open_row("org/sd")
+    assert browser.find_element(By.ID, "numeric-evidence").text.startswith("closest to its tolerance at denoise[1]:")
+    # A generated text and a transcript head the page, above a collapsed run.py.
+    open_row("org/llm")
+    text = browser.find_element(By.ID, "output-text")
+    assert text.get_attribute("textContent") == " Paris. The capital of Germany is Berlin." and text.is_displayed()
+    assert browser.find_element(By.ID, "output-prompt").text == "The capital of France is"
+    box = browser.find_element(By.ID, "runscript-box")
+    assert box.get_attribute("open") is None
+    above = browser.execute_script("return !!(arguments[0].compareDocumentPosition(arguments[1]) & 4)", text, box)
+    assert above, "the generated text must come before run.py"
+    panel = open_row("org/whisper")
+    assert "Transcript (device)" in panel.text
+    assert browser.find_element(By.ID, "output-text").get_attribute("textContent") == " Hello from the device."
+    # A row from before the libraries column: its one library, as before.
+    assert browser.find_element(By.ID, "install").text.endswith(f"pip install torch==2.9.0 transformers=={NEW}")
+    # `runscript` prints the same packages (one function makes both).
+    printed = cli("runscript", "org/sd-broken", "--results-dir", str(results))
+    assert printed.returncode == 0, printed.stderr
+    assert f"pip install torch==2.9.0 transformers=={NEW} diffusers==0.42.1\n" in printed.stdout

@@ -530,6 +530,16 @@ def _parse_expect(raw: Mapping[str, tuple[Any, int]], checks: Sequence[str], err
         raise err("expect", "an expected PASS with nothing known about it is no expectation", value, EXPECT_EXAMPLE)
     if result == "PASS" and (stage is not None or signature is not None):
         raise err("expect", "a PASS has no failure stage or signature", value, "drop stage and signature")
+    if result != "PASS" and stage is None and signature is None:
+        # Without either, any failure of that result would count as the known one: a new bug at another
+        # stage would be an XFAIL, and the gate would call it expected.
+        raise err(
+            "expect",
+            f"an expected {result} must name the stage it fails at or the start of its failure signature",
+            value,
+            f"add 'stage:' (one of {', '.join(STAGES)}) or 'signature:' (neuron-support failures lists them), "
+            "as the failing row's failure_stage and signature say",
+        )
     return Expectation(
         result=result, reason=reason.strip(), check=check, stage=stage, signature=signature, recompiles=recompiles
     )

@@ -59,7 +59,7 @@ def plan_checks(
             )
             return dict.fromkeys(checks, plan), exc.unreachable
         where = f"its catalog entry (line {model.line})" if model.line else "a catalog entry for it (--models-file)"
-        error = _not_cached_offline(model, exc, hub_down) or (
+        error = not_cached_offline(model, exc, hub_down) or (
             f"{exc}; to run it without inspecting it, set its core count: 'cores: N' in {where} "
             "(or check the id and the Hub's reachability)"
         )
@@ -80,7 +80,7 @@ def plan_checks(
     return plans, False
 
 
-def _not_cached_offline(model: ModelSpec, exc: PlanningError, hub_down: str | None) -> str | None:
+def not_cached_offline(model: ModelSpec, exc: PlanningError, hub_down: str | None) -> str | None:
     """The short, true error of a Hub model that is neither in the local cache nor reachable, or None
     when that is not why it could not be inspected (a local folder, a cached config, a Hub that answered).
 

@@ -12,7 +12,7 @@ from dataclasses import replace
 
 from pytest_neuron_support import __version__
 from pytest_neuron_support.base.model import Expectation, ModelSpec
-from pytest_neuron_support.data.records import Row
+from pytest_neuron_support.data.records import Row, installed_version
 from pytest_neuron_support.planning.planner import DTYPE_BYTES, Plan
 from pytest_neuron_support.run.settings import Settings, core_pool
 from pytest_neuron_support.tasks.table import task_of
@@ -71,8 +71,10 @@ def base_row(model: ModelSpec, settings: Settings) -> Row:
         neuronx_cc=stack.neuronx_cc,
         torch_neuronx=stack.torch_neuronx,
         torch=stack.torch,
-        library=stack.library,
-        library_version=stack.library_version,
+        # The task's own library (a diffusers pipeline's row is diffusers'), so a row that never ran lands in
+        # the same stack's Parquet file as the rows of that task that did.
+        library=task.library,
+        library_version=stack.library_version if task.library == stack.library else installed_version(task.library),
         python=stack.python,
         timestamp=_now(),
         plugin_version=__version__,

@@ -2,8 +2,9 @@
 device's own tokens, scoring every position under the device's prefix (``verdict.tokens.teacher_forced``).
 
 It runs wherever the host can hold the model (sharded runs included: one forward, not 32 slow decode
-steps), is cached like the reference, and is reused outright when the free-running reference generated
-exactly the device's tokens (its own pass already scored them).
+steps), is cached like the reference (for the commit the device run loaded), and is reused outright
+when the free-running reference generated exactly the device's tokens after exactly the device's prefix
+(its own pass already scored them there).
 """
 
 from __future__ import annotations
@@ -14,12 +15,17 @@ from typing import Any
 
 from pytest_neuron_support.base.redaction import scrub
 from pytest_neuron_support.planning.planner import DTYPE_BYTES, training_bytes
-from pytest_neuron_support.run.caches import ReferenceCache, reference_key
+from pytest_neuron_support.run.caches import ReferenceCache, is_local, reference_key
 from pytest_neuron_support.run.context import Job
 from pytest_neuron_support.run.execution import failure_of
 from pytest_neuron_support.run.runscript import RunSpec
 from pytest_neuron_support.run.settings import Settings
 from pytest_neuron_support.verdict.tokens import TeacherForced, teacher_forced
+
+#: What a run.py result says of what precedes its generated tokens: the prompt's length, and an
+#: encoder-decoder's decoder prompt (Whisper's start-of-transcript, language and task tokens; a
+#: language the device detected differently is another prefix).
+PREFIX_FIELDS = ("prompt_tokens", "prompt_ids", "decoder_prompt_ids")
 
 #: Host memory a CPU-side run needs per byte of what it holds (weights, or a training state): the
 #: activations, logits, the interpreter and the library around them.
@@ -71,6 +77,17 @@ def memory_shortfall(parameters: int | None, dtype: str, settings: Settings, *, 
     )
 
 
+def scored_alike(reference: Mapping[str, Any], result: Mapping[str, Any]) -> bool:
+    """Whether the free-running ``reference``'s own teacher-forced pass is the device ``result``'s check:
+    it scored the same tokens after the same prefix (:data:`PREFIX_FIELDS`), with the same snapshot's
+    weights. Equal tokens after another prefix are other scores: each position's logprob is conditioned
+    on everything before it."""
+    tokens = [int(t) for t in result.get("tokens") or ()]
+    if "forced" not in reference or [int(t) for t in reference.get("tokens") or ()] != tokens:
+        return False
+    return all(reference.get(field) == result.get(field) for field in (*PREFIX_FIELDS, "commit"))
+
+
 def forced_check(
     job: Job,
     spec: RunSpec,
@@ -80,10 +97,10 @@ def forced_check(
 ) -> ForcedCheck:
     """The teacher-forced CPU check of the device ``result``'s tokens. ``spec`` is the check's run.py
     (the reference's spec scoring the device's tokens); ``reference`` the free-running reference's
-    result when there is one (its pass is reused when it generated the same tokens)."""
-    tokens = tuple(int(t) for t in result.get("tokens") or ())
+    result when there is one (its pass is reused when it generated the same tokens after the same
+    prefix)."""
     device_top = result.get("top_logprobs") or ()
-    if reference is not None and tuple(reference.get("tokens") or ()) == tokens and "forced" in reference:
+    if reference is not None and scored_alike(reference, result):
         return ForcedCheck(teacher_forced(reference["forced"], device_top), "reused", 0.0)
     short = memory_shortfall(parameters, spec.dtype, job.settings)
     if short is not None:
@@ -91,7 +108,9 @@ def forced_check(
     settings = job.settings
     key = reference_key(spec, settings.stack)
     cache = ReferenceCache(settings.reference_cache) if settings.reference_cache is not None else None
-    cached = cache.get(key, result.get("commit")) if cache is not None else None
+    # Of the commit the device run loaded: another snapshot's scores are another model's.
+    commit = result.get("commit")
+    cached = cache.get(key, commit, local=is_local(spec.model)) if cache is not None else None
     if cached is not None:
         return ForcedCheck(teacher_forced(cached["forced"], device_top), "cached", 0.0)
     _, outcome = job.execute(spec, "cpu-check", job.cpu_env())

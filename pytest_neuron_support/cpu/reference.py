@@ -13,7 +13,7 @@ from typing import Any
 
 from pytest_neuron_support.base.redaction import scrub
 from pytest_neuron_support.cpu.background import BackgroundRun
-from pytest_neuron_support.run.caches import ReferenceCache, reference_key
+from pytest_neuron_support.run.caches import ReferenceCache, cached_commit, is_local, reference_key
 from pytest_neuron_support.run.context import Job
 from pytest_neuron_support.run.execution import failure_of
 from pytest_neuron_support.run.runscript import RunSpec
@@ -24,12 +24,13 @@ class ReferenceRun(BackgroundRun):
 
     The run starts at once, in a thread of its own beside the device run, unless the reference
     cache holds an entry the verdict is sure to use. Every caller reads the cache through
-    :meth:`cached` (an entry of the device run's commit). Only an entry that records no commit is sure
-    before the device run says its commit: the key holds the model, its revision and the stack, so the
-    device run of that model records no commit either (a local folder; transformers 5.24 keeps none on
-    the config). An entry of a commit may be another commit's than the one the device run loads (a
-    moved branch): the reference starts beside the device run all the same and is stopped if the entry
-    proves to be of the device's commit, so it never starts after the device run.
+    :meth:`cached`, for the commit of the snapshot the device run loaded (run.py reports it). Before
+    the device run says it, the commit is the one the Hugging Face cache resolves the revision to
+    (:func:`cached_commit`: what an offline device run loads), None for a local folder. With an entry
+    of that commit the reference is not started; if the device run loads another commit after all (the
+    branch moved on the Hub and the device run downloaded it), the entry is a miss and the reference
+    runs after the device run. An entry of another commit (a moved ``refs/main``) is a miss at once: the
+    reference starts beside the device run.
     """
 
     def __init__(self, job: Job, spec: RunSpec) -> None:
@@ -38,15 +39,17 @@ class ReferenceRun(BackgroundRun):
         self.key = reference_key(spec, job.settings.stack)
         #: The reference result the verdict used (cached or run), once :func:`reference_result` has it.
         self.result: Mapping[str, Any] | None = None
-        if self.cached(None) is None:
+        if self.cached(cached_commit(spec.model, spec.revision, job.environ)) is None:
             self.start()
 
     def cached(self, commit: str | None) -> Mapping[str, Any] | None:
-        """The cached result of this reference for a device run that loaded ``commit`` (None for a model
-        that records none: a local folder, or a transformers that keeps no commit on the config), or
-        None when the cache lacks it or holds another commit's."""
+        """The cached result of this reference for a device run that loaded ``commit`` (None for a local
+        folder), or None when the cache lacks it, holds another commit's, or the commit of a Hub model
+        is unknown."""
         cache = self.job.settings.reference_cache
-        return None if cache is None else ReferenceCache(cache).get(self.key, commit)
+        if cache is None:
+            return None
+        return ReferenceCache(cache).get(self.key, commit, local=is_local(self.spec.model))
 
 
 @dataclass(frozen=True)

@@ -84,6 +84,36 @@ def read_dataset(results_dir: Path) -> list[Row]:
     return rows
 
 
+class NoDataset(FileNotFoundError):
+    """A results folder that holds no dataset: read as an empty one, a mistyped path would be a sweep with
+    no rows (every model "missing" to ``diff``, an empty viewer), and a gate would pass on it."""
+
+
+def require_dataset(results_dir: Path) -> list[Row]:
+    """Every row under ``results_dir/data``; :class:`NoDataset` when it holds no Parquet file, saying what
+    is there instead (no folder, an empty one, a killed sweep's unsaved parts)."""
+    data = results_dir / DATA_DIR
+    if any(data.glob("*.parquet")):
+        return read_dataset(results_dir)
+    if not results_dir.exists():
+        found = "the folder does not exist"
+    elif (results_dir / PARTS_DIR).is_dir():
+        found = (
+            f"only the unsaved rows of a sweep that did not finish ({PARTS_DIR}/); write them to Parquet with "
+            f"neuron-support merge {results_dir} --into {results_dir}"
+        )
+    else:
+        found = f"no {DATA_DIR}/*.parquet in it"
+    raise NoDataset(f"{results_dir} holds no dataset: {found}; pass the results folder of a sweep (its --results-dir)")
+
+
+def near_tie_pass(row: Row) -> bool:
+    """A PASS whose tokens parted from the CPU's at a near-tie (the free-running first divergence, or every
+    teacher-forced disagreement): numeric drift the verdict let through, read apart from a PASS whose
+    tokens all agreed."""
+    return row.result == "PASS" and (row.near_tie is True or row.disagreements_near_tie is True)
+
+
 def _write_table(path: Path, rows: Sequence[Row]) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -190,14 +220,18 @@ class Change:
     Attributes:
         model_id / device: the model and the device kind compared.
         check: the check compared (``inference`` or ``train``: each is a row of its own).
-        kind: ``regressed`` (was PASS, now not; or failing otherwise than its catalog expectation says),
-            ``expected`` (was PASS, now the failure its catalog expectation names), ``unexpected-pass``
-            (it passed, or no longer recompiles, where its catalog expected otherwise), ``fixed`` (now
-            PASS, was not), ``new`` (only in the new dataset), ``missing`` (only in the old), or
-            ``unchanged``. A gate fails on ``regressed`` and ``unexpected-pass``.
+        kind: ``regressed`` (was PASS, now not, whatever the catalog expects: an expectation explains a
+            failure, it does not make a model that passed stop passing unseen; or failing otherwise than
+            its catalog expectation says), ``expected`` (failing otherwise than before, now as its catalog
+            expectation says), ``unexpected-pass`` (it passed, or no longer recompiles, where its catalog
+            expected otherwise), ``fixed`` (now PASS, was not, under the same parity mode),
+            ``settings-differ`` (now PASS, was not, but the two rows were judged under different
+            ``--parity`` modes: not a fix), ``new`` (only in the new dataset), ``missing`` (only in the
+            old), or ``unchanged``. A gate fails on ``regressed`` and ``unexpected-pass``.
         old / new: the results compared (None where absent).
         test: the user's test that made the rows (node id), empty for a catalog item's.
         expected_reason: the new row's expectation's reason, where it has one.
+        old_parity / new_parity: the rows' ``parity_mode`` (None where absent or not recorded).
     """
 
     model_id: str
@@ -208,6 +242,13 @@ class Change:
     check: str = "inference"
     test: str = ""
     expected_reason: str | None = None
+    old_parity: str | None = None
+    new_parity: str | None = None
+
+    @property
+    def parity_differs(self) -> bool:
+        """Both rows say their parity mode, and the modes differ: the results are not comparable as they stand."""
+        return self.old_parity is not None and self.new_parity is not None and self.old_parity != self.new_parity
 
 
 #: The kinds of :class:`Change` a gate fails on.
@@ -230,6 +271,9 @@ def diff_datasets(old_rows: Iterable[Row], new_rows: Iterable[Row]) -> list[Chan
     for key in sorted(set(old) | set(new)):
         before = old[key].result if key in old else None
         after = new[key].result if key in new else None
+        old_parity = old[key].parity_mode if key in old else None
+        new_parity = new[key].parity_mode if key in new else None
+        modes_differ = old_parity is not None and new_parity is not None and old_parity != new_parity
         # How the new row compares with its catalog expectation (expect:), where it has one.
         expectation = new[key].expectation if key in new else None
         if expectation == "improved":
@@ -238,16 +282,18 @@ def diff_datasets(old_rows: Iterable[Row], new_rows: Iterable[Row]) -> list[Chan
             kind = "new"
         elif after is None:
             kind = "missing"
-        elif before == "PASS" and after != "PASS":
-            kind = "expected" if expectation == "met" else "regressed"
-        elif expectation == "differs":
+        elif (before == "PASS" and after != "PASS") or expectation == "differs":
+            # Whatever the catalog says: an expectation written after the fact must not turn the
+            # day a model stopped passing into a green gate.
             kind = "regressed"
         elif before != "PASS" and after == "PASS":
-            kind = "fixed"
+            kind = "settings-differ" if modes_differ else "fixed"
+        elif before != after and expectation == "met":
+            kind = "expected"
         else:
             kind = "unchanged"
         reason = new[key].expected_reason if key in new else None
-        changes.append(Change(key[0], key[1], kind, before, after, key[3], key[2], reason))
+        changes.append(Change(key[0], key[1], kind, before, after, key[3], key[2], reason, old_parity, new_parity))
     return changes
 
 

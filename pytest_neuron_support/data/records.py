@@ -17,7 +17,7 @@ from typing import Any
 from pytest_neuron_support.data.signatures import MAX_MESSAGE, signature
 from pytest_neuron_support.verdict.training import GRAD_NORM_RTOL, LOSS_ATOL, LOSS_RTOL
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 
 #: Every value of the ``result`` column and exactly what it means.
 RESULTS: Mapping[str, str] = {
@@ -29,8 +29,9 @@ RESULTS: Mapping[str, str] = {
         "device's own prefix (teacher-forced); sharded: every device token is the CPU top-1 teacher-forced; "
         "--parity near-tie also accepts disagreements that are near-ties; image-text-to-text: the same image "
         "too; embedding tasks: every sentence's device embedding has cosine >= cosine_threshold with the CPU one; "
-        "text-to-image: the warm call repeated the first image and every denoising step's noise prediction, under "
-        "the device's own latent, is within tolerance of the CPU denoiser's. "
+        "text-to-image: every component is on the device, the warm call repeated the first image, and every stage of "
+        "every step (denoiser, guidance combine, scheduler step, VAE decode), fed the device's own inputs, is within "
+        "the calibrated tolerance of the CPU's float32 output (noise_ratio <= the rule's multiple). "
         "A PASS whose fallback_ops is not empty ran those operations on the host, not the device: it is "
         "flagged wherever results are shown. "
         "Only where the host could not hold the model for the CPU check (verdict_basis 'judge') does a "
@@ -70,7 +71,9 @@ STAGES: Mapping[str, str] = {
     "here means the warm run's tokens differ from the first run's",
     "reference": "a CPU run of the same checkpoint: the free-running reference or the teacher-forced check",
     "parity": "comparing device tokens with the CPU (free-running and teacher-forced; embedding tasks: a cosine "
-    "below the threshold; text-to-image: a denoising step's noise prediction out of tolerance)",
+    "below the threshold; text-to-image: a pipeline stage out of the calibrated tolerance, see evidence_stage)",
+    "prompt": "encoder-decoder generation (Whisper): the decoder prompt the device's generate() built (language, "
+    "task and timestamp tokens, a detected language included) differs from the CPU reference's (FAIL)",
     "judge": "the fluency judge of a sharded run (decides only when the CPU check could not run)",
     "train": "the training check (check = train): the Trainer's set-up and the optimizer steps after the first "
     "(ERROR), or the per-step losses and gradient norms disagree with the same steps on CPU, a loss is not finite, "
@@ -95,11 +98,21 @@ VERDICT_BASES: Mapping[str, str] = {
         "sharded generation whose CPU check could not run (cpu_check says why, e.g. the host cannot hold the "
         "model): the fluency judge decided alone"
     ),
-    "cosine": "embedding tasks: every sentence's cosine with the CPU embedding against cosine_threshold",
-    "denoise-teacher-forced": (
-        "text-to-image: the same pipeline call on CPU with each denoising step's latent replaced by the device's, so "
-        "every step's noise prediction is compared under the device's own trajectory: relative error and cosine "
-        "within tolerance at every step (denoise_first_bad_step names the first that is not)"
+    "embedding-calibrated": (
+        "embedding tasks: every sentence's device embedding within the calibrated tolerance of the CPU's float32 "
+        "embedding (distance <= the rule's multiple x the CPU's own dtype noise, docs/verdicts.md), and its cosine "
+        "with it at least cosine_threshold"
+    ),
+    "cosine": (
+        "embedding tasks: within the dtype's noise, but a sentence's cosine with the CPU embedding is below "
+        "cosine_threshold (the entry's min_cosine, the correlation it is held to): a FAIL"
+    ),
+    "pipeline-teacher-forced": (
+        "text-to-image: the same pipeline call on CPU with every stage fed the device's own inputs (its latent into "
+        "the denoiser, its prediction into the guidance combine, its guided noise and latent into the scheduler step, "
+        "its final latent into the VAE decoder), in float32 and in the device's dtype: every stage's device output "
+        "within the calibrated tolerance (distance from float32 <= the rule's multiple x the CPU's own dtype noise, "
+        "docs/verdicts.md); evidence_stage and evidence_step name the first that is not"
     ),
     "train-losses": (
         "the training check: the device's per-step losses and gradient norms against the same steps of the same "
@@ -147,7 +160,8 @@ class Stack:
     python: str
 
 
-def _version(dist: str) -> str:
+def installed_version(dist: str) -> str:
+    """The installed version of a distribution, ``none`` where it is not installed (reads metadata only)."""
     try:
         return metadata.version(dist)
     except metadata.PackageNotFoundError:
@@ -157,11 +171,11 @@ def _version(dist: str) -> str:
 def current_stack() -> Stack:
     """Versions installed for this interpreter, read from package metadata (imports nothing)."""
     return Stack(
-        neuronx_cc=_version("neuronx-cc"),
-        torch_neuronx=_version("torch-neuronx"),
-        torch=_version("torch"),
+        neuronx_cc=installed_version("neuronx-cc"),
+        torch_neuronx=installed_version("torch-neuronx"),
+        torch=installed_version("torch"),
         library="transformers",
-        library_version=_version("transformers"),
+        library_version=installed_version("transformers"),
         python=platform.python_version(),
     )
 
@@ -431,6 +445,13 @@ class Row:
             "prefill can fall back silently); a PASS with any is flagged"
         ),
     )
+    fallback_ops_unknown: str | None = field(
+        default=None,
+        metadata=_doc(
+            "why the device's fallback-op list could not be read (a wheel without the private API it reads): "
+            "fallback_ops is then unknown, not empty; null when it was read"
+        ),
+    )
     peak_host_rss_bytes: int | None = field(default=None, metadata=_doc("peak resident memory of run.py"))
     cpu_threads: int | None = field(
         default=None,
@@ -472,29 +493,6 @@ class Row:
     cosine_threshold: float | None = field(
         default=None, metadata=_doc("embedding tasks: the cosine every sentence must reach to PASS")
     )
-    denoise_steps_checked: int | None = field(
-        default=None,
-        metadata=_doc(
-            "text-to-image: denoiser calls the teacher-forced denoising check compared (the device's latent at "
-            "each step through the CPU denoiser)"
-        ),
-    )
-    denoise_rel_errors: tuple[float, ...] = field(
-        default=(),
-        metadata=_doc("text-to-image: each step's relative error of the noise prediction, |device - cpu| / |cpu|"),
-    )
-    denoise_cosines: tuple[float, ...] = field(
-        default=(), metadata=_doc("text-to-image: each step's cosine of the device's and the CPU's noise predictions")
-    )
-    denoise_first_bad_step: int | None = field(
-        default=None, metadata=_doc("text-to-image: the first denoising step (0-based) out of tolerance, else null")
-    )
-    denoise_max_rel_error: float | None = field(
-        default=None, metadata=_doc("text-to-image: the largest per-step relative error of the noise prediction")
-    )
-    denoise_min_cosine: float | None = field(
-        default=None, metadata=_doc("text-to-image: the smallest per-step cosine of the noise predictions")
-    )
     denoise_step_s: float | None = field(
         default=None, metadata=_doc("text-to-image: mean seconds of one denoising step in the warm pipeline call")
     )
@@ -514,6 +512,70 @@ class Row:
     reference_image: str | None = field(
         default=None,
         metadata=_doc("text-to-image: the CPU reference's final image, a PNG in the run folder's reference/"),
+    )
+    numeric_stages: tuple[str, ...] = field(
+        default=(),
+        metadata=_doc(
+            "numeric checks: every comparison the calibrated tolerance rule judged, in order, as "
+            "'<stage>[<step>]' (text-to-image: denoise, guidance, scheduler and decode at each step; embedding "
+            "tasks: embedding per sentence)"
+        ),
+    )
+    numeric_ratios: tuple[float, ...] = field(
+        default=(),
+        metadata=_doc(
+            "numeric checks: each comparison's noise_ratio, in numeric_stages' order (PASS needs every one <= the "
+            "rule's multiple, docs/verdicts.md)"
+        ),
+    )
+    evidence_stage: str | None = field(
+        default=None,
+        metadata=_doc(
+            "numeric checks: the stage that decided: the first comparison out of tolerance on a FAIL, else the one "
+            "closest to its tolerance (denoise, guidance, scheduler, decode, embedding)",
+            label="Stage checked",
+        ),
+    )
+    evidence_step: int | None = field(
+        default=None,
+        metadata=_doc("numeric checks: evidence_stage's step (text-to-image) or sentence (embeddings), 0-based"),
+    )
+    evidence_distance: float | None = field(
+        default=None,
+        metadata=_doc(
+            "numeric checks: at evidence_stage, the device output's relative L2 distance from the CPU's in float32 "
+            "on the device's own inputs"
+        ),
+    )
+    noise_floor: float | None = field(
+        default=None,
+        metadata=_doc(
+            "numeric checks: at evidence_stage, the CPU's own dtype noise: the relative L2 distance of the CPU run in "
+            "the device's dtype from the CPU run in float32 on the same inputs, raised to the rule's floor"
+        ),
+    )
+    noise_ratio: float | None = field(
+        default=None,
+        metadata=_doc(
+            "numeric checks: evidence_distance / noise_floor; PASS needs every comparison's ratio <= the rule's "
+            "multiple (docs/verdicts.md), so it says how close a PASS was",
+            label="Noise ratio",
+        ),
+    )
+    parity_mode: str | None = field(
+        default=None,
+        metadata=_doc(
+            "token checks: the --parity mode the verdict used: exact (every token equal) or near-tie (a near-tie "
+            "divergence may pass); a near-tie PASS has near_tie true",
+            label="Parity",
+        ),
+    )
+    libraries: tuple[str, ...] = field(
+        default=(),
+        metadata=_doc(
+            "the model libraries run.py imports, as pip requirements with the versions installed "
+            "(transformers==..., diffusers==..., sentence-transformers==...): what to install on top of the stack"
+        ),
     )
     pipeline_class: str | None = field(
         default=None, metadata=_doc("check = pipeline: the pipeline class transformers.pipeline built")

@@ -77,7 +77,7 @@ class DeviceKind:
         visible_env_vars: variables through which a parent hands a session its slice of the host's
             cores (host numbering): the pool is that slice, and children are pinned inside it.
         owners_command: command that lists the device's cores owned by processes (JSON), so the ledger
-            does not lease a core a process outside it holds (``cores.parse_neuron_ls``); None where
+            does not lease a core a process outside it holds (``cores.core_owners``); None where
             no such listing exists.
         physical_core_bytes: memory of the bank behind one physical core, for devices that report no
             per-core memory; a logical core of ``NEURON_LOGICAL_NC_CONFIG`` (LNC) physical cores gets

@@ -36,7 +36,7 @@ import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -137,8 +137,10 @@ class LeaseTooLarge(ValueError):
     """More cores asked for than the pool has: waiting would never end."""
 
 
-#: Which host cores processes outside the ledger own right now (device-specific; see neuron_owners).
-Owners = Callable[[], Mapping[int, int]]
+#: Which processes own each host core right now, every one of them (device-specific; see neuron_owners).
+#: Several processes can be listed for the cores of one chip: one foreign owner among them makes a
+#: core taken, whichever the listing names last.
+Owners = Callable[[], Mapping[int, Collection[int]]]
 
 
 def alive(pid: int) -> bool:
@@ -235,7 +237,9 @@ class CorePool:
         busy = {core for lease in leases for core in lease.cores}
         if self.owners is not None:
             ours = {lease.pid for lease in leases}
-            busy |= {core for core, pid in self.owners().items() if not _descends_from(pid, ours)}
+            # A core is free of strangers only if none of its owners is one: a run of ours sharing a chip
+            # with a foreign process does not make the foreign process's cores ours.
+            busy |= {core for core, pids in self.owners().items() if not all(_descends_from(pid, ours) for pid in pids)}
         return busy
 
     def _grant(self, leases: list[Lease], waiters: list[Waiter], key: str) -> int | None:
@@ -377,12 +381,14 @@ def _descends_from(pid: int, ancestors: set[int]) -> bool:
     return False
 
 
-def parse_neuron_ls(data: object) -> dict[int, int]:
-    """``{core: owning pid}`` from ``neuron-ls`` JSON: each device lists the processes using it, and
-    every core of a device that any process uses counts as owned by it (the listing names processes
-    per device, not per core: the conservative reading). [infer: the JSON layout is read from the
-    Neuron docs; ``neuron-support doctor`` checks it on a trn2 host.]"""
-    owned: dict[int, int] = {}
+def core_owners(data: object) -> dict[int, tuple[int, ...]]:
+    """``{core: every owning pid}`` from ``neuron-ls`` JSON, in the listing's order: each device lists the
+    processes using it, and every core of a device that any process uses counts as owned by each of them
+    (the listing names processes per device, not per core: the conservative reading). Several processes
+    on one chip are all kept: the ledger must not lease a core because the last one listed is ours.
+    [infer: the JSON layout is read from the Neuron docs; ``neuron-support doctor`` checks it on a trn2
+    host.]"""
+    owned: dict[int, tuple[int, ...]] = {}
     devices = data if isinstance(data, list) else data.get("neuron_devices", []) if isinstance(data, dict) else []
     for index, device in enumerate(devices):
         if not isinstance(device, dict):
@@ -394,22 +400,24 @@ def parse_neuron_ls(data: object) -> dict[int, int]:
         for process in device.get("neuron_processes") or []:
             pid = process.get("pid") if isinstance(process, dict) else None
             if isinstance(pid, int):
-                owned.update((core, pid) for core in cores)
+                for core in cores:
+                    if pid not in owned.get(core, ()):
+                        owned[core] = (*owned.get(core, ()), pid)
     return owned
 
 
 def neuron_owners(command: Sequence[str] = ("neuron-ls", "-j"), ttl: float = 2.0) -> Owners:
     """An :data:`Owners` that asks ``neuron-ls`` (at most every ``ttl`` seconds); nothing is owned
     where the tool is missing or says nothing readable."""
-    cached: dict[str, tuple[float, Mapping[int, int]]] = {}
+    cached: dict[str, tuple[float, Mapping[int, Collection[int]]]] = {}
 
-    def owners() -> Mapping[int, int]:
+    def owners() -> Mapping[int, Collection[int]]:
         now = time.monotonic()
         if "last" in cached and now - cached["last"][0] < ttl:
             return cached["last"][1]
         try:
             proc = subprocess.run(list(command), capture_output=True, text=True, timeout=30, check=False)
-            found: Mapping[int, int] = parse_neuron_ls(json.loads(proc.stdout)) if proc.returncode == 0 else {}
+            found: Mapping[int, Collection[int]] = core_owners(json.loads(proc.stdout)) if proc.returncode == 0 else {}
         except (OSError, ValueError, subprocess.TimeoutExpired):
             found = {}
         cached["last"] = (now, found)

@@ -1,19 +1,24 @@
 """Render the standalone ``run.py`` that checks one model on one device.
 
-The script imports only the standard library, torch and transformers; every setting is
-written into its ``SPEC`` literal, so the file stored with a result is exactly what ran and
-``python3 run.py`` reproduces it on any machine with the same stack.
+The script imports only the standard library, torch and its task's libraries (transformers; diffusers
+for a text-to-image pipeline: :func:`libraries`); every setting is written into its ``SPEC`` literal,
+so the file stored with a result is exactly what ran and ``python3 run.py`` reproduces it on any
+machine with the same stack and those libraries (:func:`requirements` pins them, its docstring says
+them).
 """
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import functools
 import pprint
+import re
 import sys
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from importlib import resources
+from importlib import metadata, resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +39,14 @@ _COMMON_HOSTS = ("run.py", "train.py")
 _TASK_MARKER = "# @@TASK@@"
 #: (width, height) of the test card run.py draws for image-text-to-text runs (run.py's fixed_image).
 TEST_CARD_SIZE: tuple[int, int] = (224, 224)
+#: Modules of the stack itself: a row records their versions in its own columns (torch, torch_neuronx,
+#: neuronx_cc), and the Neuron ones come from AWS's package index, so they are not among the libraries
+#: installed on top of it.
+STACK_MODULES = frozenset({"torch", "torch_neuronx", "neuronxcc"})
+#: Libraries that a library run.py imports loads by name without installing them: a diffusers pipeline's
+#: text encoders and tokenizers are transformers classes (its model_index.json names them), and diffusers
+#: does not depend on transformers. So every row's libraries hold transformers.
+IMPLIED: Mapping[str, tuple[str, ...]] = {"diffusers": ("transformers",)}
 
 
 @dataclass(frozen=True)
@@ -216,15 +229,91 @@ def _fill(source: str, spec: dict[str, Any]) -> str:
     return source.replace(_SPEC_MARKER, f"SPEC = {literal}")
 
 
+def imported_modules(source: str) -> tuple[str, ...]:
+    """The top-level modules a script needs, beyond the standard library, sorted: every import, lazy ones
+    inside functions included, except an optional one (in a ``try`` that handles its ``ImportError``: the
+    script runs without it)."""
+    tree = ast.parse(source)
+    optional: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Try) and any(_handles_import_error(h) for h in node.handlers):
+            optional |= {id(inner) for statement in node.body for inner in ast.walk(statement)}
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in optional:
+            continue
+        if isinstance(node, ast.Import):
+            found |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module.split(".")[0])
+    return tuple(sorted(found - set(sys.stdlib_module_names)))
+
+
+def _handles_import_error(handler: ast.ExceptHandler) -> bool:
+    caught = handler.type
+    names = caught.elts if isinstance(caught, ast.Tuple) else [caught] if caught is not None else []
+    return caught is None or any(
+        isinstance(n, ast.Name) and n.id in ("ImportError", "ModuleNotFoundError", "Exception") for n in names
+    )
+
+
+def _distribution_name(name: str) -> str:
+    """A distribution's name as pip compares names (PEP 503: lower case, runs of ``-_.`` as one ``-``)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+@functools.cache
+def _distributions_of_modules() -> Mapping[str, tuple[str, ...]]:
+    # Read once per process: it walks every installed distribution's file list.
+    return {module: tuple(dists) for module, dists in metadata.packages_distributions().items()}
+
+
+def libraries(source: str) -> tuple[str, ...]:
+    """The distributions a script (rendered or not) needs on top of the stack, sorted: those that provide
+    the modules it imports (not the standard library's, not the stack's: :data:`STACK_MODULES`), and
+    what they load by name (:data:`IMPLIED`). A module no installed distribution provides is named as
+    the module (``PIL`` would be ``pil``: install Pillow for it)."""
+    names: set[str] = set()
+    for module in imported_modules(source):
+        if module in STACK_MODULES:
+            continue
+        names.update(_distribution_name(d) for d in _distributions_of_modules().get(module, (module,)))
+    for name in list(names):
+        names.update(IMPLIED.get(name, ()))
+    return tuple(sorted(names))
+
+
+def requirements(names: Sequence[str]) -> tuple[str, ...]:
+    """pip requirements pinning each distribution of ``names`` to the version installed for this
+    interpreter (``diffusers==0.42.1``); a name that is not installed stays bare."""
+    pins = []
+    for name in names:
+        try:
+            pins.append(f"{name}=={metadata.version(name)}")
+        except metadata.PackageNotFoundError:
+            pins.append(name)
+    return tuple(pins)
+
+
+def run_requirements(spec: RunSpec) -> tuple[str, ...]:
+    """What to ``pip install`` on top of the stack for ``spec``'s run.py: the libraries it imports, pinned
+    to this interpreter's versions (what its docstring lists). A recorded row's own list is its
+    ``libraries`` column, read back from the run's result."""
+    return requirements(libraries(template("run.py", spec.fragments)))
+
+
 def render(spec: RunSpec) -> str:
-    """The run.py source for ``spec``."""
+    """The run.py source for ``spec``; its ``SPEC["libraries"]`` names the distributions it imports on
+    top of the stack (run.py records their versions), and its docstring pins them."""
+    code = template("run.py", spec.fragments)
+    needed = libraries(code)
     source = (
-        template("run.py", spec.fragments)
-        .replace("@@MODEL@@", spec.model)
+        code.replace("@@MODEL@@", spec.model)
         .replace("@@DEVICE@@", spec.device.name)
         .replace("@@VERSION@@", __version__)
+        .replace("@@LIBRARIES@@", " ".join(requirements(needed)))
     )
-    return _fill(source, spec.to_spec())
+    return _fill(source, {**spec.to_spec(), "libraries": list(needed)})
 
 
 def render_train(spec: TrainSpec) -> str:

@@ -152,7 +152,9 @@ def model_from_marker(args: Sequence[Any], kwargs: Mapping[str, Any]) -> ModelSp
     timeout = kwargs.get("timeout")
     if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0):
         raise MarkerError(f"neuron_model: timeout={timeout!r} must be a positive number of seconds (or leave it out)")
-    return replace(model, **dict(kwargs), source="test")
+    # A local folder stays "local": the planner and run.py read it from disk by that source, and the Hub
+    # would refuse its path as a repo id. The row says "test" either way (session/evidence.py).
+    return replace(model, **dict(kwargs), source="local" if model.source == "local" else "test")
 
 
 def marker_cores(item: pytest.Item) -> int | None:

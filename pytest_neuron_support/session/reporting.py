@@ -21,7 +21,7 @@ from pytest_neuron_support.base.model import ModelSpec
 from pytest_neuron_support.base.storage import slug, write_atomic
 from pytest_neuron_support.checks.registry import KINDS, check_of, model_id_of
 from pytest_neuron_support.checks.rows import base_row
-from pytest_neuron_support.data.dataset import PartWriter, dump_rows, write_rows
+from pytest_neuron_support.data.dataset import PartWriter, dump_rows, near_tie_pass, write_rows
 from pytest_neuron_support.data.records import Row
 from pytest_neuron_support.run.settings import Settings
 from pytest_neuron_support.session.evidence import catalog_row, evidence_of, user_row, uses_fixtures
@@ -154,7 +154,8 @@ class ResultsWriter:
         names = {id(r): r.model_id if r.check == "inference" else f"{r.model_id} ({r.check})" for r in self.rows}
         width = max(len(name) for name in names.values())
         tr.write_line(
-            f"{'model':<{width}}  {'result':<8} {'stage':<9} {'cores':>5} {'run_s':>8} {'compile_s':>9}  evidence"
+            f"{'model':<{width}}  {'result':<8} {'stage':<9} {'parity':<8} {'cores':>5} {'run_s':>8} {'compile_s':>9}"
+            "  evidence"
         )
         for row in sorted(self.rows, key=lambda r: (r.model_id, r.check)):
             run_s = f"{row.run_s:.1f}" if row.run_s is not None else "-"
@@ -166,9 +167,11 @@ class ResultsWriter:
                 if row.fallback_ops
                 else ""
             )
+            # A PASS whose tokens parted from the CPU's at a near-tie is marked apart from an exact one.
+            tie = "; a near-tie PASS: the tokens part from the CPU's at a near-tie" if near_tie_pass(row) else ""
             tr.write_line(
-                f"{names[id(row)]:<{width}}  {row.result:<8} {row.failure_stage or '-':<9} "
-                f"{cores:>5} {run_s:>8} {compile_s:>9}  {row.verdict_basis or '-'}{host}"
+                f"{names[id(row)]:<{width}}  {row.result:<8} {row.failure_stage or '-':<9} {row.parity_mode or '-':<8} "
+                f"{cores:>5} {run_s:>8} {compile_s:>9}  {row.verdict_basis or '-'}{tie}{host}"
             )
         counts: dict[str, int] = {}
         for row in self.rows:

@@ -2,9 +2,11 @@
 embedded with the pooling the checkpoint's sentence-transformers files declare.
 
 run.py compiles the encoder's forward pass with the device's backend and runs it twice (the second must
-repeat the first). The verdict: every sentence's device embedding points the way the CPU reference's
-does, cosine similarity at least the entry's ``min_cosine`` (default
-``verdict.embeddings.DEFAULT_MIN_COSINE``). The reference runs beside the device run, sharded or not.
+repeat the first). The CPU reference embeds the same sentences in float32 and again in the device's
+dtype. The verdict: every sentence's device embedding within the calibrated tolerance of the float32 one
+(``verdict.tolerance``: its distance against the CPU's own dtype noise), and pointing the way it does,
+cosine similarity at least the entry's ``min_cosine`` (default ``verdict.embeddings.DEFAULT_MIN_COSINE``).
+The reference runs beside the device run, sharded or not.
 """
 
 from __future__ import annotations
@@ -17,9 +19,17 @@ from pytest_neuron_support.base.model import ModelSpec
 from pytest_neuron_support.cpu.reference import ReferenceRun
 from pytest_neuron_support.data.records import Row
 from pytest_neuron_support.run.context import Job
+from pytest_neuron_support.run.runscript import RunSpec
+from pytest_neuron_support.run.settings import Settings
 from pytest_neuron_support.tasks.task import Task
 from pytest_neuron_support.verdict import decide
-from pytest_neuron_support.verdict.embeddings import DEFAULT_MIN_COSINE, EmbeddingParity, compare_embeddings
+from pytest_neuron_support.verdict.embeddings import (
+    DEFAULT_MIN_COSINE,
+    EmbeddingParity,
+    calibrated_embeddings,
+    compare_embeddings,
+)
+from pytest_neuron_support.verdict.tolerance import row_fields
 
 #: What embedding tasks embed: short and long, punctuation, digits, casing and non-ASCII, so the
 #: batch is padded (the pooling mask matters) and the tokenizer's edge cases are exercised.
@@ -79,7 +89,14 @@ class SentenceEmbedding(Task):
         return [repr(min_cosine_of(model)), *EMBEDDING_SENTENCES]
 
     def spec_fields(self, model: ModelSpec, reference: bool) -> dict[str, Any]:
-        return {"sentences": EMBEDDING_SENTENCES}
+        # The CPU reference embeds in float32 and again in the device's dtype (the calibrated rule's two CPU
+        # outputs); reference_dtype (its float32) says so in the row.
+        options = {"noise_dtype": model.dtype} if reference else {}
+        return {"sentences": EMBEDDING_SENTENCES, "task_options": options}
+
+    def run_spec(self, model: ModelSpec, settings: Settings, **kwargs: Any) -> RunSpec:
+        spec = super().run_spec(model, settings, **kwargs)
+        return replace(spec, dtype="float32") if kwargs.get("reference") else spec
 
     def repeat(self, row: Row, result: Mapping[str, Any]) -> decide.Decision | None:
         if row.repeat_identical is not False:
@@ -98,4 +115,12 @@ class SentenceEmbedding(Task):
         if cpu is None:
             return row
         parity = cosine_parity(job.model, result, cpu)
-        return replace(with_cosines(row, parity), **decide.embeddings(parity).fields())
+        checked = calibrated_embeddings(
+            result.get("embeddings") or (), cpu.get("embeddings") or (), cpu.get("noise_embeddings") or ()
+        )
+        decision = decide.numeric(checked, "embedding-calibrated", "embeddings")
+        stated = decide.embeddings(parity)  # within the dtype's noise, the entry's stated cosine must hold too
+        if decision.result == "PASS" and stated.result != "PASS":
+            decision = stated
+        row = replace(with_cosines(row, parity), **row_fields(checked))
+        return replace(row, reference_match=checked.match and parity.match, **decision.fields())

@@ -86,6 +86,7 @@ class TextGeneration(Task):
         Sharded: the teacher-forced check (the judge's verdict kept as evidence, deciding only where the
         host cannot hold the model for the check)."""
         settings, mode = job.settings, job.settings.parity
+        row = replace(row, parity_mode=mode)  # the mode the token verdict below is decided under
         free: Parity | None = None
         if reference is not None:
             row, cpu = self.reference_of(row, result, reference)

@@ -179,6 +179,7 @@ class Task:
                 m for m in result.get("peak_device_memory_by_rank") or () if m is not None
             ),
             fallback_ops=tuple(result.get("fallback_ops") or ()),
+            fallback_ops_unknown=result.get("fallback_ops_unavailable"),
             peak_host_rss_bytes=result.get("peak_host_rss_bytes"),
             cpu_threads=result.get("cpu_threads"),
             tokens=tokens,
@@ -188,7 +189,11 @@ class Task:
             ),
             text=result.get("text"),
             torch=versions.get("torch", row.torch),
-            library_version=versions.get("transformers", row.library_version),
+            # What run.py imports on top of the stack, as it ran (a run that failed keeps them too), and the
+            # task's own library among them (a diffusers pipeline's row is diffusers', not transformers').
+            libraries=tuple(result.get("libraries") or row.libraries),
+            library=self.library,
+            library_version=self.library_version(row, result),
             neuronx_cc=versions.get("neuronx_cc", row.neuronx_cc),
             torch_neuronx=versions.get("torch_neuronx", row.torch_neuronx),
             # Persistent compile-cache hits and misses, as run.py counted them (neuron: kernels, eager ops
@@ -196,6 +201,15 @@ class Task:
             persistent_cache_hits=counts.get("hits"),
             persistent_cache_misses=counts.get("misses"),
         )
+
+    def library_version(self, row: Row, result: Mapping[str, Any]) -> str:
+        """The version of the task's library the run imported: its pin among run.py's ``libraries``, else
+        the run's recorded versions (run.py records transformers' always), else the row's."""
+        for requirement in result.get("libraries") or ():
+            name, _, version = str(requirement).partition("==")
+            if name == self.library and version:
+                return version
+        return str((result.get("versions") or {}).get(self.library, row.library_version))
 
     def repeat(self, row: Row, result: Mapping[str, Any]) -> Decision | None:
         """The warm second run must repeat the first: None when it did, else its FAIL."""

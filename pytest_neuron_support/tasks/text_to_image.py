@@ -1,17 +1,20 @@
 """Text to image (``text-to-image``): a diffusers pipeline, loaded whole onto the device and its
-denoiser compiled with the device's backend, the way diffusers documents Neuron.
+denoiser compiled with the device's backend, the way diffusers' own Neuron test compiles it.
 
 run.py (``templates/tasks/diffusers.py``, ``templates/tasks/text_to_image.py``) makes the same image
-twice from a fixed prompt, seed (on a CPU generator), step count, size and guidance: the first call
-compiles, the second is timed warm, step by step, and must repeat the first image exactly. Every
-denoiser call's latent and predicted noise is recorded.
+twice from a fixed prompt, seed (on a CPU generator), step count and guidance at the pipeline's own
+default resolution: the first call compiles, the second is timed warm, step by step, and must repeat the
+first image exactly. Every stage of the first call is recorded (denoiser, guidance combine, scheduler
+step, VAE decode), and where each component's parameters ended up (a component not on the device FAILs
+at ``load``, basis placement).
 
-The verdict is the **teacher-forced denoising check**, the diffusion counterpart of the teacher-forced
-token check: the same pipeline call on CPU, eager, in the reference dtype, with each denoiser call's
-latent replaced by the device's latent at that step, so every step's noise prediction is compared under
-the device's own trajectory (relative error and cosine, ``verdict.denoising``). A FAIL names the first
-step out of tolerance and by how much. A free-running CPU run from the same seed makes the reference
-image; the two images' PSNR is kept as evidence.
+The verdict is the **teacher-forced pipeline check**: the same pipeline call on CPU, eager, every stage
+fed the device's own inputs (its latent into the denoiser, its prediction into the guidance combine, its
+guided noise and latent into the scheduler step, its final latent into the VAE decoder), in float32 and
+in the device's dtype, each stage's device output judged by the calibrated tolerance rule
+(``verdict.tolerance``). A FAIL names the first stage and step out of tolerance and by how much. A
+free-running CPU run from the same seed makes the reference image; the two images' PSNR is kept as
+evidence.
 
 The planner reads ``model_index.json`` and each component's safetensors headers (local files, the Hub
 cache, else the Hub API): the weights of every component together, on one core (run.py shards no
@@ -46,14 +49,19 @@ from pytest_neuron_support.run.context import Job
 from pytest_neuron_support.run.execution import failure_of
 from pytest_neuron_support.tasks.task import Task
 from pytest_neuron_support.verdict import decide
-from pytest_neuron_support.verdict.denoising import Denoising, denoising, psnr
+from pytest_neuron_support.verdict.images import psnr
+from pytest_neuron_support.verdict.tolerance import calibrated, row_fields
 
 #: The prompt of an entry that sets none, while the session's --prompt is the default (a text
 #: continuation prompt describes no picture).
 IMAGE_PROMPT = "A red apple on a wooden table, studio light"
-#: What every run makes: the same small image from the same noise, quickly, on any device. A few
+#: What every run makes: the same image from the same noise, on any device, at the pipeline's own default
+#: resolution (its production kernels; the tiny zoo's pipeline defaults to 64x64) and with no resolution
+#: binning (PixArt's ``use_resolution_binning`` would turn a request into its nearest trained size). A few
 #: steps exercise the scheduler's loop as a long run does; the checks compare every one of them.
-OPTIONS: Mapping[str, Any] = {"steps": 4, "guidance_scale": 5.0, "height": 64, "width": 64, "seed": 0}
+OPTIONS: Mapping[str, Any] = {"steps": 4, "guidance_scale": 5.0, "seed": 0}
+#: The verdict basis of the teacher-forced pipeline check.
+BASIS = "pipeline-teacher-forced"
 #: Component classes that carry no weights (``model_index.json`` names a class for every component).
 WEIGHTLESS = ("Tokenizer", "TokenizerFast", "Scheduler", "Processor", "FeatureExtractor", "ImageProcessor")
 #: The files a pipeline component's weights may be in, in the order diffusers and transformers look.
@@ -77,20 +85,6 @@ def pixels(png_b64: str) -> list[int]:
 
     with Image.open(io.BytesIO(base64.b64decode(png_b64))) as image:
         return list(image.convert("RGB").tobytes())
-
-
-def with_denoising(row: Row, checked: Denoising) -> Row:
-    """The teacher-forced denoising check's evidence into the row's columns."""
-    return replace(
-        row,
-        denoise_steps_checked=checked.steps_checked,
-        denoise_rel_errors=checked.rel_errors,
-        denoise_cosines=checked.cosines,
-        denoise_first_bad_step=checked.first_bad_step,
-        denoise_max_rel_error=checked.max_rel_error,
-        denoise_min_cosine=checked.min_cosine,
-        reference_match=checked.match,
-    )
 
 
 class TextToImage(Task):
@@ -146,6 +140,9 @@ class TextToImage(Task):
 
     def decide(self, job: Job, row: Row, result: Mapping[str, Any], reference: ReferenceRun | None) -> Row:
         assert reference is not None
+        misplaced = decide.component_placement(job.settings.device.device_map, result.get("component_devices") or {})
+        if misplaced is not None:
+            return replace(row, **misplaced.fields())
         row, cpu = self.reference_of(row, result, reference)
         if cpu is None:
             return row
@@ -156,22 +153,25 @@ class TextToImage(Task):
         if png:  # the CPU's image beside the device's, cached or not
             image = write_atomic(job.workdir / "reference" / "image.png", base64.b64decode(png))
             row = replace(row, reference_image=_in_results(job, image))
-        # The teacher-forced check: the device's recorded latents through the CPU pipeline, one step at a time.
+        # The teacher-forced check: the device's recording through the CPU pipeline, stage by stage, in float32
+        # and in the device's dtype (the dtype's own noise the device's distance is judged against).
         io_path = job.workdir / "device" / str(result.get("denoiser_io") or "denoiser_io.pt")
-        spec = replace(reference.spec, task_options={**dict(OPTIONS), "forced_io": str(io_path)})
+        options = {**dict(OPTIONS), "forced_io": str(io_path), "noise_dtype": job.model.dtype}
+        spec = replace(reference.spec, dtype="float32", task_options=options)
         _, outcome = job.execute(spec, "cpu-check", job.cpu_env())
         row = replace(row, cpu_check="ran", cpu_check_s=round(outcome.wall_s, 3))
         checked = outcome.result
         if checked is None or not checked.get("ok"):
             status, _, error = failure_of(
                 outcome,
-                "teacher-forced denoising check run.py",
+                "teacher-forced pipeline check run.py",
                 offline=job.settings.hub_unreachable,
                 checkpoint=job.model.id,
             )
             return replace(row, **decide.run_failed(status, "reference", scrub(error, job.environ) or "").fields())
-        evidence = denoising(checked.get("denoise") or (), int(result.get("denoiser_calls") or 0))
-        return replace(with_denoising(row, evidence), **decide.denoised(evidence).fields())
+        evidence = calibrated(checked.get("stages") or (), checked.get("calls"))
+        decision = decide.numeric(evidence, BASIS, "teacher-forced pipeline check")
+        return replace(row, **row_fields(evidence), **decision.fields())
 
 
 def _in_results(job: Job, path: Path) -> str:

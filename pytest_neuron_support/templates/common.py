@@ -123,6 +123,9 @@ def run_and_write(out, rank=0):
     ended = None
     try:
         result.update(run())
+        # The commit of the snapshot the files were loaded from, which a cached reference must match (the
+        # config's _commit_hash would say it, but transformers 5 keeps none there).
+        result["commit"] = snapshot_commit()
         result["ok"] = True
         enter("done")
     except BaseException as exc:
@@ -150,6 +153,28 @@ def run_and_write(out, rank=0):
     if ended is not None:
         raise ended
     return result
+
+
+def snapshot_commit():
+    """The commit of the Hugging Face cache snapshot SPEC["model"]'s files were loaded from: the folder
+    ``snapshots/<commit>/`` its config.json (a diffusers pipeline's model_index.json) resolves to for
+    SPEC["revision"], as from_pretrained resolved it. A cached CPU reference is used only for a run of
+    the same commit. None for a local folder (it has no commit) or where huggingface_hub cannot say;
+    never an error: the run itself worked."""
+    if os.path.isdir(SPEC["model"]):
+        return None
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:
+        return None
+    for name in ("config.json", "model_index.json"):
+        try:
+            found = try_to_load_from_cache(SPEC["model"], name, revision=SPEC["revision"])
+        except (ValueError, OSError):  # an id huggingface_hub refuses (HFValidationError is a ValueError)
+            return None
+        if isinstance(found, str):  # a path; None or a "known missing" sentinel otherwise
+            return os.path.basename(os.path.dirname(found))
+    return None
 
 
 def write_json(path, data):

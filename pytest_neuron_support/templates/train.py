@@ -85,7 +85,6 @@ def prepare(torch, facts):
             tokenizer, model = load(torch, candidate)
             synchronize(torch)
             facts["load_s"] = time.perf_counter() - start
-            facts["commit"] = getattr(model.config, "_commit_hash", None)
             if SPEC.get("post_load"):
                 # Code the harness's user asked to run after loading (pytest hook); empty by default.
                 exec(SPEC["post_load"], {"torch": torch, "model": model, "SPEC": SPEC})

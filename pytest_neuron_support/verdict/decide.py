@@ -11,13 +11,13 @@ A divergence at token 0 means a broken model, late drift means numerics
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from pytest_neuron_support.verdict.denoising import MAX_REL_ERROR, MIN_COSINE, Denoising
 from pytest_neuron_support.verdict.embeddings import EmbeddingParity
 from pytest_neuron_support.verdict.tokens import Parity, TeacherForced
+from pytest_neuron_support.verdict.tolerance import Calibrated
 from pytest_neuron_support.verdict.training import GRAD_NORM_RTOL, LOSS_ATOL, LOSS_RTOL, TrainParity
 
 
@@ -177,19 +177,64 @@ def training(parity: TrainParity, recompiles: int | None) -> Decision:
     return passed("train-losses")
 
 
-def denoised(checked: Denoising) -> Decision:
-    """A text-to-image run: every denoising step's noise prediction, under the device's own latent, within
-    tolerance of the CPU denoiser's (``verdict.denoising``); a FAIL at ``parity`` names the first step out
-    of tolerance and by how much."""
-    basis = "denoise-teacher-forced"
+def numeric(checked: Calibrated, basis: str, what: str) -> Decision:
+    """A numeric check under the calibrated tolerance rule (``verdict.tolerance``): PASS when every
+    comparison's distance from float32 is within the rule's multiple of the CPU's own dtype noise; a FAIL at
+    ``parity`` names the first stage and step out of tolerance and by how much. ``what`` names the check in
+    the error (``teacher-forced pipeline check``)."""
     if checked.problem is not None:
-        return Decision("FAIL", "parity", basis, f"teacher-forced denoising check: {checked.problem}")
-    if checked.match:
+        return Decision("FAIL", "parity", basis, f"{what}: {checked.problem}")
+    bad = checked.first_bad
+    if bad is None:
         return passed(basis)
-    step, n = checked.first_bad_step, checked.steps_checked
+    others = sum(1 for c in checked.comparisons if not c.ok) - 1
+    more = f"; {others} later comparison(s) out of tolerance too" if others else ""
+    return Decision("FAIL", "parity", basis, f"{what}: {bad.describe()}{more}")
+
+
+def component_placement(device_map: str, components: Mapping[str, Sequence[str]]) -> Decision | None:
+    """A FAIL at ``load`` (basis placement) when a pipeline component's parameters or buffers are not all on
+    the session's device: a component left on the host would be checked on the CPU's numbers. None when every
+    component is on the device (or the run recorded no placement)."""
+    want = device_map.split(":")[0]
+    off = {name: list(kinds) for name, kinds in components.items() if list(kinds) not in ([want], [])}
+    if not off:
+        return None
+    where = "; ".join(f"{name} on {', '.join(kinds)}" for name, kinds in sorted(off.items()))
+    return Decision("FAIL", "load", "placement", f"pipeline components not wholly on {want!r}: {where}")
+
+
+def decoder_prompt(
+    device: Sequence[int] | None,
+    cpu: Sequence[int] | None,
+    names: Mapping[int, str],
+    then: Decision,
+) -> Decision:
+    """An encoder-decoder's decoder prompt (Whisper: start of transcript, then the language, task and
+    timestamp tokens generate() adds, a language it detected from the audio included) as the device's
+    generate() built it, against the CPU reference's. Equal, or either unknown (a run that recorded none):
+    the decision from the tokens after it, ``then``, stands. Different: a FAIL at ``prompt`` naming both
+    prompts (with ``names``, the tokens' text, where known), whatever the tokens after it did: a
+    transcript in another language or task answers another request, and its tokens cannot be compared.
+    What ``then`` found wrong, if anything, is kept after it."""
+    if device is None or cpu is None or list(device) == list(cpu):
+        return then
+    index = next((i for i, (a, b) in enumerate(zip(device, cpu, strict=False)) if a != b), min(len(device), len(cpu)))
+
+    def shown(prompt: Sequence[int]) -> str:
+        return "[" + ", ".join(f"{t} {names[t]}" if t in names else str(t) for t in prompt) + "]"
+
+    def at(prompt: Sequence[int]) -> str:
+        if index >= len(prompt):
+            return "nothing"
+        token = prompt[index]
+        return f"{token} {names[token]}" if token in names else str(token)
+
     error = (
-        f"teacher-forced denoising check: step {step} of {n} is out of tolerance: noise prediction relative error "
-        f"{checked.rel_error:.4g} (at most {MAX_REL_ERROR:g}), cosine {checked.cosine:.6f} (at least {MIN_COSINE:g}); "
-        f"worst over all steps {checked.max_rel_error:.4g} and {checked.min_cosine:.6f}"
+        f"the device's decoder prompt {shown(device)} differs from the CPU reference's {shown(cpu)} at position "
+        f"{index} (device {at(device)}, CPU {at(cpu)}): generate() built another language, task or timestamp "
+        "prompt on the device"
     )
-    return Decision("FAIL", "parity", basis, error)
+    if then.error:
+        error += f"; besides, {then.result} at {then.failure_stage}: {then.error}"
+    return Decision("FAIL", "prompt", then.verdict_basis, error)

@@ -1,8 +1,11 @@
-"""Embedding evidence: does every sentence's device embedding point the way the CPU's does?
+"""Embedding evidence: is every sentence's device embedding the CPU's, within the dtype's own noise?
 
-Embedding tasks have no tokens: PASS needs every sentence's device embedding to point the same
-way as its CPU embedding, cosine similarity at least :data:`DEFAULT_MIN_COSINE` (or the catalog
-entry's ``min_cosine``); the row keeps the smallest cosine.
+Embedding tasks have no tokens. Each sentence's device embedding is judged by the calibrated tolerance
+rule (``verdict.tolerance``): its relative distance from the CPU's float32 embedding against the distance
+of the CPU's own embedding in the device's dtype (:func:`calibrated_embeddings`). It must also point the
+same way as the CPU's, cosine similarity at least the catalog entry's ``min_cosine`` (default
+:data:`DEFAULT_MIN_COSINE`): the stated correlation a model is held to, as peers state one per model; the
+row keeps the smallest cosine.
 """
 
 from __future__ import annotations
@@ -10,6 +13,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+from pytest_neuron_support.verdict.tolerance import Calibrated, calibrated
 
 #: Cosine similarity every sentence's device embedding must reach against its CPU embedding.
 #: 1 - 1e-3, as peers check sentence-transformers ports (optimum's exporters compare with an
@@ -71,3 +76,40 @@ def compare_embeddings(
         return EmbeddingParity(False, math.nan, worst, cosines, threshold)
     worst = min(range(len(cosines)), key=cosines.__getitem__)
     return EmbeddingParity(cosines[worst] >= threshold, cosines[worst], worst, cosines, threshold)
+
+
+def relative_distance(output: Sequence[float], reference: Sequence[float]) -> float:
+    """|output - reference| / |reference| (pure Python; inf when the reference is zero and they differ,
+    NaN when either holds a non-finite value)."""
+    if not all(math.isfinite(x) for x in output) or not all(math.isfinite(y) for y in reference):
+        return math.nan
+    difference = math.sqrt(math.fsum((x - y) * (x - y) for x, y in zip(output, reference, strict=True)))
+    scale = math.sqrt(math.fsum(y * y for y in reference))
+    if scale == 0.0:
+        return math.inf if difference > 0 else 0.0
+    return difference / scale
+
+
+def calibrated_embeddings(
+    device: Sequence[Sequence[float]], float32: Sequence[Sequence[float]], in_dtype: Sequence[Sequence[float]]
+) -> Calibrated:
+    """Each sentence's device embedding against the CPU's float32 one, next to the CPU's own in the device's
+    dtype (stage ``embedding``, step = the sentence)."""
+    n = len(float32)
+    if len(device) != n or len(in_dtype) != n or not n:
+        return Calibrated(
+            (), f"{len(device)} device, {n} float32 and {len(in_dtype)} CPU-dtype embeddings: nothing to pair"
+        )
+    widths = {len(v) for v in (*device, *float32, *in_dtype)}
+    if len(widths) != 1:
+        return Calibrated((), f"embedding widths differ: {sorted(widths)}")
+    scores = [
+        {
+            "stage": "embedding",
+            "step": i,
+            "distance": relative_distance(d, f),
+            "noise": relative_distance(r, f),
+        }
+        for i, (d, f, r) in enumerate(zip(device, float32, in_dtype, strict=True))
+    ]
+    return calibrated(scores)

@@ -11,7 +11,9 @@ The data travels inside ``index.html`` in a ``<script type="application/json">``
 Chromium refuses ``fetch()`` of ``file://`` URLs; a Content-Security-Policy that allows no
 connection at all makes "no network" a property the browser enforces, not a promise. Every
 value reaches the page through ``textContent`` (never ``innerHTML``), and the embedded JSON has
-``<``, ``>`` and ``&`` escaped, so a model id, an error or a run.py can never become markup.
+``<``, ``>`` and ``&`` escaped, so a model id, an error or a run.py can never become markup. Each
+view and each row's page has an address, kept in the URL's fragment by the page itself
+(``#view=downloads``, ``#row=<model>/<check>&stack=<stem>``; docs/viewer.md, *Links*).
 
 Columns and their tooltips come from :mod:`.records` (``COLUMN_DOCS``, ``RESULTS``, ``STAGES``):
 the page shows a curated choice of columns in the table (:data:`TABLE_COLUMNS`) and every column
@@ -40,7 +42,7 @@ from pytest_neuron_support import __version__
 from pytest_neuron_support.catalog.load import TASKS as CATALOG_TASKS
 from pytest_neuron_support.catalog.load import Catalog
 from pytest_neuron_support.checks.registry import CHECKS
-from pytest_neuron_support.data.dataset import read_dataset, stack_stem
+from pytest_neuron_support.data.dataset import near_tie_pass, read_dataset, stack_stem
 from pytest_neuron_support.data.hub import HubError, HubRanking, fetch_all, load_snapshot, save_snapshot
 from pytest_neuron_support.data.records import (
     COLUMN_DOCS,
@@ -77,6 +79,8 @@ TABLE_COLUMNS: tuple[str, ...] = (
     "check",
     "failure_stage",
     "verdict_basis",
+    "parity_mode",
+    "noise_ratio",
     "error",
     "device",
     "tp_size",
@@ -91,6 +95,9 @@ DETAIL_COLUMNS: tuple[str, ...] = (
     "error",
     "signature",
     "verdict_basis",
+    "parity_mode",
+    "near_tie",
+    "disagreements_near_tie",
     "check",
     "train_first_bad_step",
     "train_losses",
@@ -108,11 +115,13 @@ DETAIL_COLUMNS: tuple[str, ...] = (
     "first_disagreement",
     "disagreement_deficit",
     "max_logprob_deficit",
-    "denoise_first_bad_step",
-    "denoise_rel_errors",
-    "denoise_cosines",
-    "denoise_max_rel_error",
-    "denoise_min_cosine",
+    "evidence_stage",
+    "evidence_step",
+    "evidence_distance",
+    "noise_floor",
+    "noise_ratio",
+    "numeric_stages",
+    "numeric_ratios",
     "denoise_step_s",
     "image_psnr",
     "expectation",
@@ -130,6 +139,7 @@ DETAIL_COLUMNS: tuple[str, ...] = (
     "judge_score",
     "repeat_identical",
     "fallback_ops",
+    "fallback_ops_unknown",
     "graphs_compiled",
     "graph_breaks",
     "excess_graphs",
@@ -159,6 +169,7 @@ DETAIL_COLUMNS: tuple[str, ...] = (
     "torch",
     "library",
     "library_version",
+    "libraries",
     "python",
     "timestamp",
 )
@@ -194,7 +205,9 @@ def _public_version(version: str) -> str:
 
 def install_commands(row: Row, extra_packages: Sequence[str] = ()) -> tuple[str, ...]:
     """pip commands that put ``row``'s stack in place: the Neuron packages from AWS's index (when
-    the row ran with neuronx-cc), then torch, the model library and the catalog's extra packages."""
+    the row ran with neuronx-cc), then torch, the model libraries run.py imports (``libraries``:
+    diffusers beside transformers for text-to-image) and the catalog's extra packages. A row written
+    before ``libraries`` existed names only its one ``library``."""
     commands: list[str] = []
     if row.neuronx_cc and row.neuronx_cc != "none":
         pins = [f"neuronx-cc=={row.neuronx_cc}"]
@@ -204,7 +217,10 @@ def install_commands(row: Row, extra_packages: Sequence[str] = ()) -> tuple[str,
     packages: list[str] = []
     if row.torch:
         packages.append(f"torch=={_public_version(row.torch)}")
-    if row.library and row.library_version:
+    # Falsy, not only empty: a Parquet file merged with an older one without the column reads null.
+    if row.libraries:
+        packages.extend(row.libraries)
+    elif row.library and row.library_version:
         packages.append(f"{row.library}=={row.library_version}")
     packages.extend(extra_packages)
     if packages:
@@ -285,6 +301,42 @@ def reproduction(row: Row, extra_packages: Sequence[str] = ()) -> Reproduction:
         run=run_command(row),
         script=script_name(row),
     )
+
+
+# --- what a row's verdict rests on, said once for the table and the row's page -----------------
+
+
+def near_tie_note(row: Row) -> str | None:
+    """Why ``row`` is a near-tie PASS (:func:`~.dataset.near_tie_pass`: its tokens part from the CPU's,
+    and the misses were near-ties that ``--parity=near-tie`` let through), or None for any other row.
+    A reader must not take it for an exact match: the page marks it wherever the PASS is shown."""
+    if not near_tie_pass(row):
+        return None
+    parts: list[str] = []
+    if row.near_tie:
+        gap = f", gap {row.logprob_gap:.4g} nats" if row.logprob_gap is not None else ""
+        parts.append(f"free-running tokens part from the CPU's at index {row.first_divergence}{gap}, a near-tie")
+    if row.disagreements_near_tie:
+        deficit = f", max deficit {row.max_logprob_deficit:.4g} nats" if row.max_logprob_deficit is not None else ""
+        parts.append(
+            f"{row.positions_disagreeing} of {row.positions_checked} teacher-forced positions disagree, "
+            f"all near-ties{deficit}"
+        )
+    return f"PASS with --parity={row.parity_mode or 'near-tie'}: " + "; ".join(parts)
+
+
+def numeric_evidence(row: Row) -> str | None:
+    """The numeric check's deciding comparison in one line: on a FAIL the first stage and step out of
+    tolerance and by how much; on a PASS the comparison closest to its tolerance (how close it was);
+    None for a row without a calibrated numeric check."""
+    if row.evidence_stage is None or row.noise_ratio is None:
+        return None
+    where = row.evidence_stage if row.evidence_step is None else f"{row.evidence_stage}[{row.evidence_step}]"
+    lead = "out of tolerance first at" if row.result == "FAIL" else "closest to its tolerance at"
+    measured = f"{row.noise_ratio:.3g} x the noise floor"
+    if row.evidence_distance is not None and row.noise_floor is not None:
+        measured = f"distance {row.evidence_distance:.3g} = {measured} {row.noise_floor:.3g}"
+    return f"{lead} {where}: {measured}"
 
 
 # --- the Hub rankings a report shows -----------------------------------------------------------
@@ -391,6 +443,8 @@ def report_data(
         record.update(shown.get(index, {}))
         record.update(
             stack=again.stack,
+            near_tie_note=near_tie_note(row),
+            evidence=numeric_evidence(row),
             install=list(again.install),
             sync=again.sync,
             run=again.run,

@@ -1,5 +1,5 @@
 """Check `core-ids`: the owners listing (``neuron-ls -j``, as the `owners` check read it) numbers cores
-as the pinning does. The ledger marks the cores ``parse_neuron_ls`` reads as owned and pins children
+as the pinning does. The ledger marks the cores ``core_owners`` reads as owned and pins children
 to pool numbers: if neuron-ls counted physical cores (8 a trn2 chip) where the runtime counts logical
 ones (4 at LNC=2), it would mark and avoid the wrong cores."""
 

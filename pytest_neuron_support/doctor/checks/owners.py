@@ -1,5 +1,5 @@
 """Check `owners`: the device's listing of the processes that hold its cores (``owners_command``,
-``neuron-ls -j``) runs and prints JSON in the layout ``cores.parse_neuron_ls`` reads. That parser reads
+``neuron-ls -j``) runs and prints JSON in the layout ``cores.core_owners`` reads. That parser reads
 anything it does not recognise as "nothing owned", so here an unknown layout is a failure: the layout is
 an inference from the docs that only this check tests."""
 
@@ -15,12 +15,12 @@ from typing import Any
 from pytest_neuron_support.devices.table import DeviceKind
 from pytest_neuron_support.doctor.check import Check, Doctor, span
 from pytest_neuron_support.doctor.runner import tail
-from pytest_neuron_support.run.cores import parse_neuron_ls
+from pytest_neuron_support.run.cores import core_owners
 
 
 def expected(kind: DeviceKind) -> str:
     if kind.owners_command:
-        return f"`{' '.join(kind.owners_command)}` runs and prints JSON that cores.parse_neuron_ls reads"
+        return f"`{' '.join(kind.owners_command)}` runs and prints JSON that cores.core_owners reads"
     return "a listing of the processes that own cores (owners_command)"
 
 
@@ -40,7 +40,7 @@ def device_cores(device: Mapping[str, Any], index: int) -> list[int]:
 
 
 def neuron_ls_layout(data: object) -> str | None:
-    """Why ``data`` is not the layout :func:`~pytest_neuron_support.run.cores.parse_neuron_ls` reads, or None."""
+    """Why ``data`` is not the layout :func:`~pytest_neuron_support.run.cores.core_owners` reads, or None."""
     if isinstance(data, dict):
         if "neuron_devices" not in data:
             return f"a JSON object without 'neuron_devices' (keys: {', '.join(sorted(data))})"
@@ -85,7 +85,13 @@ def run(doctor: Doctor) -> tuple[str, bool]:
     if layout is not None:
         return f"`{shown}`: {layout}; output starts {proc.stdout[:300]!r}", False
     doctor.owners_listing = data
-    doctor.owned = {core: pid for core, pid in parse_neuron_ls(data).items() if pid != os.getpid()}
+    # Every owner of a core counts (several processes can share a chip): a core is held when any process
+    # but the doctor itself owns it, and the first such owner is named.
+    doctor.owned = {
+        core: foreign[0]
+        for core, pids in core_owners(data).items()
+        if (foreign := [pid for pid in pids if pid != os.getpid()])
+    }
     devices = data if isinstance(data, list) else data["neuron_devices"]
     keys = sorted({k for d in devices if isinstance(d, dict) for k in d})
     listed = sum(len(device_cores(d, i)) for i, d in enumerate(devices) if isinstance(d, dict))

@@ -33,13 +33,24 @@ def fixed_audio(torch):
 
 
 def task_inputs(torch, preprocessor, model):
-    """(inputs on CPU, tokenizer): the waveform through the checkpoint's feature extractor."""
+    """(inputs on the model's device, tokenizer): the waveform through the checkpoint's feature extractor,
+    its features in the weights' dtype, as a user passes them.
+
+    Unlike a decoder's prompt, the encoder's inputs must be put on the device here: generate() moves
+    inputs only for the decoder's forward, and the encoder (Whisper's conv front end, and
+    detect_language before the decoder prompt exists) gets them as given. torch-neuronx's eager path
+    moves only 0-dim CPU tensors, so a CPU input_features either raises at the first conv or runs it on
+    the host (shared/reference/torchneuron.md, third reading); the pipeline check's pipeline moves them
+    itself, so both checks of one model feed the device alike. The features have a fixed shape (the
+    extractor pads to 30 s), so placing them cannot change a compiled graph's shapes."""
     audio = SPEC["task_options"]["audio"]
     wave = fixed_audio(torch).numpy()
     inputs = preprocessor(wave, sampling_rate=audio["sample_rate"], return_tensors="pt")
     for key, value in inputs.items():
-        if value.is_floating_point():  # input features in the weights' dtype, as a user passes them
-            inputs[key] = value.to(model.dtype)
+        if value.is_floating_point():
+            inputs[key] = value.to(device=model.device, dtype=model.dtype)
+        else:
+            inputs[key] = value.to(model.device)
     return inputs, preprocessor.tokenizer
 
 

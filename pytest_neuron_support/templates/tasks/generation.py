@@ -83,7 +83,9 @@ class StepClock:
 
 
 def run_generation(torch, preprocessor, model):
-    inputs, tokenizer = task_inputs(torch, preprocessor, model)  # stays on CPU on purpose
+    # Text and image inputs stay on CPU on purpose (generate() moves what the forward consumes, and the growing
+    # tensors stay static there); an encoder's audio features are put on the device by task_inputs itself.
+    inputs, tokenizer = task_inputs(torch, preprocessor, model)
     kwargs = generate_kwargs(tokenizer)
     clock = None
 
@@ -109,6 +111,8 @@ def run_generation(torch, preprocessor, model):
         "text": tokenizer.decode(tokens, skip_special_tokens=True),
         "repeat_identical": tokens == tokens_again,
         "prompt_tokens": n_prompt,
+        # The prompt's own ids: a reference's teacher-forced scores are reused only after the same prefix.
+        "prompt_ids": [int(t) for t in first.sequences[0, :n_prompt].tolist()],
         "top_logprobs": top_logprobs(torch, first.logits, tokens, SPEC["top_k"]),
         "special_ids": sorted(int(i) for i in tokenizer.all_special_ids),
         "eos_id": tokenizer.eos_token_id,

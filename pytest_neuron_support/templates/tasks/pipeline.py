@@ -3,10 +3,12 @@
 recipe puts a model on the device, instead of ``from_pretrained(device_map=<device>)``.
 
 The pipeline's placement arguments are SPEC["task_options"]["pipeline"] (``{"device": "neuron"}``), so the
-file says how the pipeline was asked. Where the model then sits is read at once: every parameter's and
-buffer's device type, and the pipeline's own ``device``. A pipeline that left the model anywhere but on the
-asked device (the guide warns that ``device_map="auto"`` silently loads on CPU: Accelerate sees no
-neuron device) is not run at all: the result says where the model is, and the check FAILs it.
+file says how the pipeline was asked. Where the model then sits (every parameter's and buffer's device type,
+and the pipeline's own ``device``) is read by pipeline_call.py's ``run_task`` right before the run, after
+the session's post-load hook, so it is where the model is when it runs. A pipeline that left the model
+anywhere but on the asked device (the guide warns that ``device_map="auto"`` silently loads on CPU:
+Accelerate sees no neuron device), or a hook that moved part of it off, is not run at all: the result says
+where the model is, and the check FAILs it.
 
 Spliced into run.py (pytest-neuron-support's runscript) before the task's own fragments and
 pipeline_call.py, in place of run.py's @@TASK@@ import; see transformers.py.
@@ -31,7 +33,7 @@ def placement(pipe):
 
 def load(torch, facts):
     """(the pipeline, its model): ``transformers.pipeline`` with the task, the checkpoint, the dtype and
-    SPEC's placement arguments; what placement it made is in ``facts``."""
+    SPEC's placement arguments (where it put the model is read before the run: pipeline_call.py)."""
     import transformers
 
     if SPEC["distributed_configs"]:
@@ -45,6 +47,5 @@ def load(torch, facts):
         **SPEC["task_options"]["pipeline"],
     )
     facts["pipeline_class"] = type(pipe).__name__
-    facts.update(placement(pipe))
     pipe.model.eval()
     return pipe, pipe.model

@@ -53,8 +53,11 @@ def pipeline_text(output):
 
 
 def run_task(torch, pipe, model, state):  # replaces generation.py's
-    if placement(pipe)["model_devices"] != [SPEC["device"]["device_map"].split(":")[0]]:
-        return {"tokens": [], "ran": False}  # not on the device (pipeline.py's placement says where)
+    # Read now, after the session's post-load hook ran: where the model is when it runs, not only where the
+    # pipeline first put it (a hook that moves part of it off the device is the same fault).
+    placed = placement(pipe)
+    if placed["model_devices"] != [SPEC["device"]["device_map"].split(":")[0]]:
+        return {"tokens": [], "ran": False, **placed}  # not on the device: the check FAILs it at load
     tokenizer = getattr(pipe, "tokenizer", None) or pipe.processor.tokenizer
     # The direct path's settings, greedy said outright: a pipeline's own defaults (the speech recognition
     # pipeline's num_beams=5) would otherwise make its tokens another search's, not comparable with the
@@ -87,6 +90,7 @@ def run_task(torch, pipe, model, state):  # replaces generation.py's
         "prompt_tokens": n_prompt,
         "top_logprobs": top_logprobs(torch, first.logits, tokens, SPEC["top_k"]),
         **facts,
+        **placed,
     }
     if prefix is not None:  # the teacher-forced check scores the tokens after the same decoder prompt
         result["decoder_prompt_ids"] = prefix

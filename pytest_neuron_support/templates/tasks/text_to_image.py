@@ -1,13 +1,21 @@
 """run.py's text-to-image (``text-to-image``, a diffusers pipeline): the prompt, a fixed seed on a CPU
-generator, a fixed number of steps, resolution and guidance (SPEC["task_options"]), twice (the first
-call compiles the denoiser with the device's backend, the second is timed warm, step by step).
+generator, a fixed number of steps and guidance (SPEC["task_options"]; the pipeline's own default
+resolution unless the options set one), twice (the first call compiles the denoiser with the device's
+backend, the second is timed warm, step by step).
 
-Every call of the denoiser (the pipeline's ``unet`` or ``transformer``) is recorded: the latent it
-got and the noise it predicted, written to denoiser_io.pt beside the result. With
-SPEC["task_options"]["forced_io"] set, the script is instead the teacher-forced CPU check of a device
-run: the same pipeline call on CPU, eager, with each denoiser call's latent replaced by the device's
-latent at that step, each prediction scored against the device's (relative error, cosine). The final
-image is image.png beside the result (and in it, base64, so a cached CPU reference keeps it).
+The first call is recorded stage by stage, on CPU in float32 (moved off the device before any cast, so the
+recording adds no operation to the device's fallback-op list): each denoiser call's latent and predicted
+noise (``denoise``), each scheduler step's noise input (the classifier-free-guidance combine of the
+prediction: ``guidance``), its latent input and its new latent (``scheduler``), the latent given to the
+VAE decoder and the final image (``decode``), written to denoiser_io.pt beside the result.
+
+With SPEC["task_options"]["forced_io"] set, the script is instead the teacher-forced CPU check of a device
+run: the same pipeline call on CPU, eager, every stage fed the device's own inputs from that recording (its
+latents into the denoiser, its predictions into the guidance combine, its guided noise and latent into the
+scheduler step, its final latent into the VAE decoder), once in float32 and once in the device's dtype
+(``noise_dtype``), so each stage's device output is scored against float32 next to the CPU's own dtype
+noise (``verdict.tolerance`` judges them). The final image is image.png beside the result (and in it,
+base64, so a cached CPU reference keeps it).
 
 Spliced into run.py after the diffusers fragment; see diffusers.py.
 """
@@ -30,6 +38,8 @@ COMPILED_CALL = "the pipeline's denoiser"
 DENOISERS = ("unet", "transformer")
 #: Names the latent input of a denoiser goes by when it is passed by keyword.
 LATENT_KEYWORDS = ("sample", "hidden_states")
+#: The stages a teacher-forced check scores, in the order a denoising step runs them.
+STAGES = ("denoise", "guidance", "scheduler", "decode")
 
 
 def prepare_task():
@@ -43,88 +53,179 @@ def denoiser_name(pipe):
     raise NotImplementedError(f"{type(pipe).__name__} has none of the denoisers run.py records: {DENOISERS}")
 
 
-def replace_latent(args, kwargs, latent):
-    """The call's (args, kwargs) with its latent input replaced (its first argument, or by keyword)."""
-    if args:
-        return (latent, *args[1:]), kwargs
-    for key in LATENT_KEYWORDS:
-        if key in kwargs:
-            return args, {**kwargs, key: latent}
-    raise NotImplementedError(f"no latent input among the denoiser's arguments: {sorted(kwargs)}")
+def argument(args, kwargs, index, names):
+    """A call's argument by position, else by the first of ``names`` it was given as (None when absent)."""
+    if len(args) > index:
+        return args[index]
+    return next((kwargs[name] for name in names if name in kwargs), None)
 
 
-def latent_of(args, kwargs):
-    if args:
-        return args[0]
-    for key in LATENT_KEYWORDS:
-        if key in kwargs:
-            return kwargs[key]
-    raise NotImplementedError(f"no latent input among the denoiser's arguments: {sorted(kwargs)}")
+def with_argument(args, kwargs, index, names, value):
+    """The call's (args, kwargs) with that argument replaced."""
+    if len(args) > index:
+        return (*args[:index], value, *args[index + 1 :]), kwargs
+    for name in names:
+        if name in kwargs:
+            return args, {**kwargs, name: value}
+    raise NotImplementedError(f"no argument {names[0]!r} among the call's arguments: {sorted(kwargs)}")
 
 
-class DenoiserTape:
-    """Hooks on the denoiser: each call's latent input and predicted noise, kept on CPU in float32 while
-    ``recording``; with ``replay`` (a device run's tape), each call's latent replaced by the recorded one."""
+def on_cpu(tensor):
+    """A recorded copy: moved to the host first, then cast, so the harness runs no op on the device."""
+    return tensor.detach().to("cpu").float()
 
-    def __init__(self, module, replay=None):
-        self.latents = []
-        self.outputs = []
-        self.recording = True
+
+def like(recorded, current):
+    """A recorded tensor as the input it replaces: that tensor's dtype and device."""
+    return recorded.to(device=current.device, dtype=current.dtype)
+
+
+def first_tensor(output):
+    """The tensor a denoiser, scheduler step or decoder returned (a tuple's first item, a diffusers
+    output's ``sample``/``prev_sample``, or the tensor itself)."""
+    if isinstance(output, tuple):
+        return output[0]
+    for name in ("sample", "prev_sample"):
+        if hasattr(output, name):
+            return getattr(output, name)
+    return output
+
+
+def with_first_tensor(output, tensor):
+    """``output`` of the same kind with its first tensor replaced."""
+    if isinstance(output, tuple):
+        return (tensor, *output[1:])
+    for name in ("sample", "prev_sample"):
+        if hasattr(output, name):
+            setattr(output, name, tensor)  # a diffusers BaseOutput keeps its mapping in step
+            return output
+    return tensor
+
+
+class StageTape:
+    """Every stage of one pipeline call, kept on CPU in float32 while ``recording``.
+
+    Hooks on the denoiser (its latent input and noise prediction), a wrapper on the scheduler's ``step``
+    (the guided noise and the latent it gets, the latent it returns) and on the VAE's ``decode`` (the
+    latent it gets). With ``replay`` (a device run's tape) each stage is fed the device's own inputs and
+    passes the device's own output on, so the whole call follows the device's trajectory while the CPU's
+    output of every stage is recorded."""
+
+    def __init__(self, pipe, denoiser, replay=None):
         self.replay = replay
-        self.handles = [
-            module.register_forward_pre_hook(self.pre, with_kwargs=True),
-            module.register_forward_hook(self.post, with_kwargs=True),
+        self.recording = True
+        self.record = {"latents": [], "outputs": [], "guided": [], "samples": [], "stepped": [], "decoded": []}
+        module = getattr(pipe, denoiser)
+        self.hooks = [
+            module.register_forward_pre_hook(self.before_denoiser, with_kwargs=True),
+            module.register_forward_hook(self.after_denoiser, with_kwargs=True),
         ]
+        self.scheduler = pipe.scheduler
+        self.step = pipe.scheduler.step
+        pipe.scheduler.step = self.scheduler_step
+        self.vae = getattr(pipe, "vae", None)
+        if self.vae is not None:
+            self.decode = self.vae.decode
+            self.vae.decode = self.vae_decode
 
-    def pre(self, module, args, kwargs):
+    def close(self):
+        """Takes the hooks and wrappers off again (a second replay puts its own on)."""
+        for hook in self.hooks:
+            hook.remove()
+        self.scheduler.step = self.step
+        if self.vae is not None:
+            self.vae.decode = self.decode
+
+    def keep(self, name, tensor):
+        if self.recording:
+            self.record[name].append(on_cpu(tensor))
+
+    def given(self, name, index, current):
+        """The device's recorded input for this call (``replay``), else the call's own."""
+        return current if self.replay is None else like(self.replay[name][index], current)
+
+    def before_denoiser(self, module, args, kwargs):
         if self.replay is None:
             return None
-        current = latent_of(args, kwargs)
-        given = self.replay["latents"][len(self.outputs)]
-        return replace_latent(args, kwargs, given.to(dtype=current.dtype, device=current.device))
+        latent = argument(args, kwargs, 0, LATENT_KEYWORDS)
+        return with_argument(
+            args, kwargs, 0, LATENT_KEYWORDS, self.given("latents", len(self.record["outputs"]), latent)
+        )
 
-    def post(self, module, args, kwargs, output):
-        if not self.recording:
-            return
-        noise = output[0] if isinstance(output, tuple) else getattr(output, "sample", output)
-        self.latents.append(latent_of(args, kwargs).detach().float().cpu())
-        self.outputs.append(noise.detach().float().cpu())
+    def after_denoiser(self, module, args, kwargs, output):
+        index = len(self.record["outputs"])
+        self.keep("latents", argument(args, kwargs, 0, LATENT_KEYWORDS))
+        noise = first_tensor(output)
+        self.keep("outputs", noise)
+        if self.replay is None:
+            return None
+        return with_first_tensor(output, self.given("outputs", index, noise))
+
+    def scheduler_step(self, *args, **kwargs):
+        index = len(self.record["stepped"])
+        guided = argument(args, kwargs, 0, ("model_output",))
+        self.keep("guided", guided)
+        args, kwargs = with_argument(args, kwargs, 0, ("model_output",), self.given("guided", index, guided))
+        sample = argument(args, kwargs, 2, ("sample",))
+        self.keep("samples", sample)
+        args, kwargs = with_argument(args, kwargs, 2, ("sample",), self.given("samples", index, sample))
+        output = self.step(*args, **kwargs)
+        stepped = first_tensor(output)
+        self.keep("stepped", stepped)
+        if self.replay is None:
+            return output
+        return with_first_tensor(output, self.given("stepped", index, stepped))
+
+    def vae_decode(self, *args, **kwargs):
+        latent = argument(args, kwargs, 0, ("z", "latents"))
+        index = len(self.record["decoded"])
+        self.keep("decoded", latent)
+        args, kwargs = with_argument(args, kwargs, 0, ("z", "latents"), self.given("decoded", index, latent))
+        return self.decode(*args, **kwargs)
+
+
+def call_options():
+    """The pipeline call's keyword arguments from SPEC's task options: the steps and the guidance always; a
+    size only where the options set one (else the pipeline's own default resolution, as a user gets it)."""
+    options = SPEC["task_options"]
+    kwargs = {"num_inference_steps": options["steps"], "guidance_scale": options["guidance_scale"]}
+    for name in ("height", "width"):
+        if options.get(name):
+            kwargs[name] = options[name]
+    return kwargs
 
 
 def generate(pipe, torch, callback=None):
-    """One pipeline call as every run makes it: the prompt, SPEC's steps, size and guidance, and a CPU
-    generator seeded the same way; the image as a float tensor in [0, 1] (batch, channels, height, width)."""
-    options = SPEC["task_options"]
-    generator = torch.Generator("cpu").manual_seed(options["seed"])
+    """One pipeline call as every run makes it: the prompt, SPEC's options and a CPU generator seeded the
+    same way; the image as a float tensor in [0, 1] (batch, channels, height, width)."""
+    generator = torch.Generator("cpu").manual_seed(SPEC["task_options"]["seed"])
     kwargs = {"callback_on_step_end": callback} if callback is not None else {}
-    return pipe(
-        SPEC["prompt"],
-        num_inference_steps=options["steps"],
-        guidance_scale=options["guidance_scale"],
-        height=options["height"],
-        width=options["width"],
-        generator=generator,
-        output_type="pt",
-        **kwargs,
-    ).images
+    return pipe(SPEC["prompt"], generator=generator, output_type="pt", **call_options(), **kwargs).images
 
 
 def compile_denoiser(torch, pipe, name):
-    """Compile the way diffusers' own Neuron path does: its ``enable_neuron_compile`` where the installed
-    diffusers has it (the neuron device), else the denoiser with ``torch.compile(fullgraph=True)`` and the
-    device's backend. Returns how, for the result."""
-    if SPEC["device"]["name"] == "neuron" and hasattr(pipe, "enable_neuron_compile"):
-        pipe.enable_neuron_compile(model_names=[name], fullgraph=True)
-        return f"{type(pipe).__name__}.enable_neuron_compile([{name!r}], fullgraph=True)"
+    """Compile the denoiser the way diffusers' own Neuron test does: ``torch.compile(fullgraph=True)`` with
+    the device's backend (diffusers has no pipeline-level Neuron compile call: ``enable_neuron_compile`` was
+    in a draft of its Neuron PR and removed before the merge). Returns how, for the result."""
     setattr(pipe, name, torch.compile(getattr(pipe, name), backend=SPEC["compile_backend"], fullgraph=True))
     return f"torch.compile(pipe.{name}, backend={SPEC['compile_backend']!r}, fullgraph=True)"
 
 
+def component_devices(torch, pipe):
+    """Where each pipeline component's parameters and buffers are: {component: [device types]}."""
+    found = {}
+    for name, component in pipe.components.items():
+        if isinstance(component, torch.nn.Module):
+            tensors = itertools.chain(component.parameters(), component.buffers())
+            found[name] = sorted({t.device.type for t in tensors})
+    return found
+
+
 def png_of(torch, image):
-    """The first image of a batch as PNG bytes (8 bits a channel)."""
+    """The first image of a batch (on CPU, float) as PNG bytes (8 bits a channel)."""
     from PIL import Image
 
-    pixels = (image[0].detach().float().cpu().clamp(0, 1) * 255).round().to(torch.uint8)
+    pixels = (image[0].clamp(0, 1) * 255).round().to(torch.uint8)
     picture = Image.fromarray(pixels.permute(1, 2, 0).contiguous().numpy(), mode="RGB")
     buffer = io.BytesIO()
     picture.save(buffer, format="PNG")
@@ -139,8 +240,9 @@ def run_task(torch, preprocessor, pipe, state):
     name = denoiser_name(pipe)
     if SPEC["task_options"].get("forced_io"):
         return run_teacher_forced(torch, pipe, name)
+    placed = component_devices(torch, pipe)
     compiled = compile_denoiser(torch, pipe, name) if SPEC["compile"] else None
-    tape = DenoiserTape(getattr(pipe, name))
+    tape = StageTape(pipe, name)
     step_times = []
 
     def clock(pipeline, step, timestep, callback_kwargs):
@@ -154,7 +256,8 @@ def run_task(torch, preprocessor, pipe, state):
 
     with torch.no_grad():
         first, second, facts = cold_then_warm(torch, lambda: generate(pipe, torch), warm)
-    torch.save({"latents": tape.latents, "outputs": tape.outputs}, beside_result("denoiser_io.pt"))
+    first, second = on_cpu(first), on_cpu(second)
+    torch.save({**tape.record, "image": first}, beside_result("denoiser_io.pt"))
     image = png_of(torch, first)
     with open(beside_result("image.png"), "wb") as handle:
         handle.write(image)
@@ -164,7 +267,9 @@ def run_task(torch, preprocessor, pipe, state):
         "text": None,
         "denoiser": name,
         "compiled_with": compiled,
-        "denoiser_calls": len(tape.outputs),
+        "component_devices": placed,
+        "model_devices": sorted({kind for kinds in placed.values() for kind in kinds}),
+        "denoiser_calls": len(tape.record["outputs"]),
         "denoiser_io": "denoiser_io.pt",
         "image": "image.png",
         "image_png": base64.b64encode(image).decode("ascii"),
@@ -174,20 +279,68 @@ def run_task(torch, preprocessor, pipe, state):
     }
 
 
+def relative_distance(torch, output, reference):
+    """|output - reference| / |reference| over the whole tensor (inf when the reference is zero and they differ)."""
+    difference = (output - reference).norm().item()
+    scale = reference.norm().item()
+    return difference / scale if scale > 0 else (float("inf") if difference > 0 else 0.0)
+
+
+def replayed(torch, pipe, name, recorded):
+    """The CPU's output of every stage of one pipeline call fed the device's recorded inputs."""
+    tape = StageTape(pipe, name, replay=recorded)
+    with torch.no_grad():
+        image = generate(pipe, torch)
+    tape.close()
+    return {
+        "denoise": tape.record["outputs"],
+        "guidance": tape.record["guided"],
+        "scheduler": tape.record["stepped"],
+        "decode": [on_cpu(image)] if recorded["decoded"] else [],
+    }
+
+
 def run_teacher_forced(torch, pipe, name):
-    """The device's latents, one denoiser call at a time, through the CPU pipeline's own call (its own
-    prompt encoding, timesteps and guidance): each prediction scored against the device's."""
+    """The device's recording through the CPU pipeline's own call, stage by stage, in float32 and in the
+    device's dtype: each stage's device output and both CPU outputs' distances (``distance``: device from
+    float32; ``noise``: the CPU in the device's dtype from float32)."""
     recorded = torch.load(SPEC["task_options"]["forced_io"])
-    tape = DenoiserTape(getattr(pipe, name), replay=recorded)
+    device = {
+        "denoise": recorded["outputs"],
+        "guidance": recorded["guided"],
+        "scheduler": recorded["stepped"],
+        "decode": [recorded["image"]] if recorded["decoded"] else [],
+    }
     enter("check")
     start = time.perf_counter()
-    with torch.no_grad():
-        generate(pipe, torch)
+    exact = replayed(torch, pipe, name, recorded)
+    noise_dtype = SPEC["task_options"].get("noise_dtype") or SPEC["dtype"]
+    if noise_dtype != SPEC["dtype"]:
+        pipe.to(dtype=getattr(torch, noise_dtype))
+        rounded = replayed(torch, pipe, name, recorded)
+    else:
+        rounded = exact
+    # In the order the call ran them: each step's denoise, guidance and scheduler, then the decode.
+    steps = max(len(device[stage]) for stage in STAGES[:3])
+    order = [(step, stage) for step in range(steps) for stage in STAGES[:3]]
     scores = []
-    for step, (device, cpu) in enumerate(zip(recorded["outputs"], tape.outputs, strict=False)):
-        difference = (device - cpu).norm().item()
-        scale = cpu.norm().item()
-        cosine = torch.nn.functional.cosine_similarity(device.flatten(), cpu.flatten(), dim=0).item()
-        rel_error = difference / scale if scale > 0 else float("inf") if difference > 0 else 0.0
-        scores.append({"step": step, "rel_error": round(rel_error, 6), "cosine": round(cosine, 6)})
-    return {"tokens": [], "text": None, "denoise": scores, "denoiser": name, "forced_s": time.perf_counter() - start}
+    for step, stage in [*order, *((step, "decode") for step in range(len(device["decode"])))]:
+        if step < min(len(device[stage]), len(exact[stage]), len(rounded[stage])):
+            scores.append(
+                {
+                    "stage": stage,
+                    "step": step,
+                    "distance": relative_distance(torch, device[stage][step], exact[stage][step]),
+                    "noise": relative_distance(torch, rounded[stage][step], exact[stage][step]),
+                }
+            )
+    return {
+        "tokens": [],
+        "text": None,
+        "stages": scores,
+        "calls": {stage: len(device[stage]) for stage in STAGES},
+        "checked_calls": {stage: len(exact[stage]) for stage in STAGES},
+        "noise_dtype": noise_dtype,
+        "denoiser": name,
+        "forced_s": time.perf_counter() - start,
+    }
