@@ -12,14 +12,6 @@ from pathlib import Path
 from typing import Any
 
 
-def _default_hub_cache() -> Path:
-    """The cache huggingface_hub reads: HF_HUB_CACHE, else HF_HOME/hub, else ~/.cache/huggingface/hub."""
-    if os.environ.get("HF_HUB_CACHE"):
-        return Path(os.environ["HF_HUB_CACHE"])
-    home = os.environ.get("HF_HOME") or str(Path.home() / ".cache" / "huggingface")
-    return Path(home) / "hub"
-
-
 def _zoo_build(args: argparse.Namespace) -> int:
     from pytest_neuron_support import zoo
 
@@ -34,7 +26,9 @@ def _zoo_build(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    cache = Path(args.cache_dir) if args.cache_dir else _default_hub_cache()
+    from pytest_neuron_support.run.caches import hub_cache_dir
+
+    cache = Path(args.cache_dir) if args.cache_dir else hub_cache_dir(os.environ)
     repos = zoo.build_zoo(cache, names)
     print(f"tiny zoo ({len(repos)} checkpoints) installed in {cache}")
     print(f"use it with: HF_HUB_CACHE={cache} HF_HUB_OFFLINE=1")
@@ -445,7 +439,7 @@ def _plan(args: argparse.Namespace) -> int:
     failed = 0
     for name in args.models:
         # A folder that exists is a local checkpoint, as `pytest --model ./dir` reads it.
-        local = Path(name).is_dir()
+        local = Path(name).expanduser().is_dir()
         if not local and (name.startswith((".", "/", "~")) or not is_hub_id(name)):
             failed += 1
             said = "no such folder" if name.startswith((".", "/", "~")) else "neither a folder nor a Hub id (org/name)"
@@ -454,7 +448,7 @@ def _plan(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             continue
-        model_id = str(Path(name).resolve()) if local else name
+        model_id = str(Path(name).expanduser().resolve()) if local else name
         task = args.task or catalog_tasks.get(model_id) or _pipeline_task(model_id, local, args.revision)
         model = ModelSpec(
             id=model_id,

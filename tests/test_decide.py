@@ -145,6 +145,10 @@ def test_the_calibrated_rule_judges_each_distance_against_the_dtypes_own_noise()
     # A non-finite distance never passes; nor does a check that scored fewer calls than the device made.
     assert not calibrated([score("decode", 0, math.nan, 0.01)]).match
     assert not calibrated([score("decode", 0, math.inf, 0.01)]).match
+    # Nor does any distance when the CPU's own run in the device's dtype gave no finite output (an fp16 VAE
+    # that overflows on the CPU): there is no noise to judge it against.
+    for noise in (math.nan, math.inf, None):
+        assert not calibrated([score("decode", 0, 0.0, noise)]).match  # type: ignore[arg-type]
     short = decide.numeric(calibrated(healthy[:2], {"denoise": 3, "scheduler": 1}), "b", "check")
     assert short.result == "FAIL" and "denoise 2 of 3, scheduler 0 of 1" in (short.error or "")
     assert decide.numeric(calibrated([]), "b", "check").result == "FAIL"

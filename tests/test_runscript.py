@@ -16,7 +16,6 @@ from pytest_neuron_support.run.runscript import (
     imported_modules,
     render,
     render_train,
-    run_requirements,
     template,
 )
 
@@ -102,7 +101,6 @@ def test_every_run_py_names_the_libraries_it_imports_pinned_in_its_docstring() -
             assert spec_literal(source)["libraries"] == list(expected), (task, fragments)
             pins = " ".join(f"{name}=={metadata.version(name)}" for name in expected)
             assert f"\n    pip install {pins}\n" in source, (task, source[:1500])
-            assert run_requirements(spec(task=task, fragments=fragments)) == tuple(pins.split())
     docstring = template("run.py").split('"""')[1]
     assert "text-generation" not in docstring and "@@LIBRARIES@@" in docstring  # task-neutral, pins filled in
 

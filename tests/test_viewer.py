@@ -832,7 +832,7 @@ def test_a_text_to_image_row_shows_the_device_and_cpu_images_side_by_side(browse
         result="PASS",
         task="text-to-image",
         device="cpu",
-        verdict_basis="denoise-teacher-forced",
+        verdict_basis="pipeline-teacher-forced",
         image="runs/org--sd/cpu/device/image.png",
         reference_image="runs/org--sd/cpu/reference/image.png",
         image_psnr=31.5,
@@ -1241,3 +1241,23 @@ def test_a_rows_page_shows_what_it_produced_above_run_py_and_every_library_to_in
     printed = cli("runscript", "org/sd-broken", "--results-dir", str(results))
     assert printed.returncode == 0, printed.stderr
     assert f"pip install torch==2.9.0 transformers=={NEW} diffusers==0.42.1\n" in printed.stdout
+
+
+def test_a_large_image_is_embedded_as_a_thumbnail_and_a_small_one_as_it_is(tmp_path: Path) -> None:
+    # Catalog pipelines make their default resolution (1024² for SDXL): the page embeds two images a row,
+    # so a large one goes in scaled down, the full image staying in the run folder.
+    import base64
+    import io
+
+    from PIL import Image
+
+    from pytest_neuron_support.viewer.report import THUMBNAIL_PX, embedded_images
+
+    for name, size in (("large.png", (1024, 768)), ("small.png", (64, 64))):
+        Image.new("RGB", size, (200, 30, 30)).save(tmp_path / name)
+    rows = [make_row("org/sdxl", "PASS", "0.42.1", image="large.png", reference_image="small.png")]
+    found = embedded_images(rows, tmp_path)[0]
+    large = Image.open(io.BytesIO(base64.b64decode(found["image_src"].split(",", 1)[1])))
+    assert large.size == (THUMBNAIL_PX, THUMBNAIL_PX * 3 // 4)
+    small = base64.b64decode(found["reference_image_src"].split(",", 1)[1])
+    assert small == (tmp_path / "small.png").read_bytes()

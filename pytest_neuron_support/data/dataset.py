@@ -248,7 +248,12 @@ class Change:
     @property
     def parity_differs(self) -> bool:
         """Both rows say their parity mode, and the modes differ: the results are not comparable as they stand."""
-        return self.old_parity is not None and self.new_parity is not None and self.old_parity != self.new_parity
+        return modes_differ(self.old_parity, self.new_parity)
+
+
+def modes_differ(old: str | None, new: str | None) -> bool:
+    """Two rows' parity modes, both recorded and different: their results are not comparable as they stand."""
+    return old is not None and new is not None and old != new
 
 
 #: The kinds of :class:`Change` a gate fails on.
@@ -273,7 +278,6 @@ def diff_datasets(old_rows: Iterable[Row], new_rows: Iterable[Row]) -> list[Chan
         after = new[key].result if key in new else None
         old_parity = old[key].parity_mode if key in old else None
         new_parity = new[key].parity_mode if key in new else None
-        modes_differ = old_parity is not None and new_parity is not None and old_parity != new_parity
         # How the new row compares with its catalog expectation (expect:), where it has one.
         expectation = new[key].expectation if key in new else None
         if expectation == "improved":
@@ -287,7 +291,7 @@ def diff_datasets(old_rows: Iterable[Row], new_rows: Iterable[Row]) -> list[Chan
             # day a model stopped passing into a green gate.
             kind = "regressed"
         elif before != "PASS" and after == "PASS":
-            kind = "settings-differ" if modes_differ else "fixed"
+            kind = "settings-differ" if modes_differ(old_parity, new_parity) else "fixed"
         elif before != after and expectation == "met":
             kind = "expected"
         else:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_neuron_support import __version__
+from pytest_neuron_support.data.records import installed_version
 from pytest_neuron_support.devices.table import DeviceKind
 from pytest_neuron_support.verdict.fluency import JUDGE_QUESTION, JUDGE_THRESHOLD, NO_WORDS, YES_WORDS
 
@@ -286,20 +287,7 @@ def libraries(source: str) -> tuple[str, ...]:
 def requirements(names: Sequence[str]) -> tuple[str, ...]:
     """pip requirements pinning each distribution of ``names`` to the version installed for this
     interpreter (``diffusers==0.42.1``); a name that is not installed stays bare."""
-    pins = []
-    for name in names:
-        try:
-            pins.append(f"{name}=={metadata.version(name)}")
-        except metadata.PackageNotFoundError:
-            pins.append(name)
-    return tuple(pins)
-
-
-def run_requirements(spec: RunSpec) -> tuple[str, ...]:
-    """What to ``pip install`` on top of the stack for ``spec``'s run.py: the libraries it imports, pinned
-    to this interpreter's versions (what its docstring lists). A recorded row's own list is its
-    ``libraries`` column, read back from the run's result."""
-    return requirements(libraries(template("run.py", spec.fragments)))
+    return tuple(name if (version := installed_version(name)) == "none" else f"{name}=={version}" for name in names)
 
 
 def render(spec: RunSpec) -> str:

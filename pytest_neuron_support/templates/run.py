@@ -247,6 +247,9 @@ def merge_rank_facts(merged, results):
     # Each rank's process falls back on its own: a fallback on any rank must show.
     ops = [r.get("fallback_ops") for r in results]
     merged["fallback_ops"] = None if all(o is None for o in ops) else sorted({x for o in ops for x in o or ()})
+    # A rank that could not read its list leaves the merged one incomplete: say so, with its reason.
+    unknown = [r["fallback_ops_unavailable"] for r in results if r.get("fallback_ops_unavailable")]
+    merged["fallback_ops_unavailable"] = unknown[0] if unknown else None
     # Each rank compiles on its own too: a rank that hit the recompile limit ran eager past it.
     merged["recompile_limit"] = next((r["recompile_limit"] for r in results if r.get("recompile_limit")), None)
 

@@ -52,11 +52,16 @@ def run_failed(status: str, stage: str, error: str) -> Decision:
     return Decision(status, stage, "run", error)
 
 
+def device_type(device_map: str) -> str:
+    """The device type a ``device_map`` names (``cuda:0`` -> ``cuda``): what every tensor must be on."""
+    return device_map.split(":")[0]
+
+
 def placement(device_map: str, model_devices: Sequence[str], pipeline_device: str | None) -> Decision | None:
     """Where a pipeline put its model, against the device it was asked for (``device_map``, the session
     device's): None when every parameter and buffer is on that device's type, else a FAIL at ``load``. A
     pipeline that keeps the model on the CPU still runs, and would PASS on the CPU's numbers."""
-    wanted = device_map.split(":")[0]
+    wanted = device_type(device_map)
     if list(model_devices) == [wanted]:
         return None
     where = ", ".join(model_devices) or "no device (nothing recorded)"
@@ -196,7 +201,7 @@ def component_placement(device_map: str, components: Mapping[str, Sequence[str]]
     """A FAIL at ``load`` (basis placement) when a pipeline component's parameters or buffers are not all on
     the session's device: a component left on the host would be checked on the CPU's numbers. None when every
     component is on the device (or the run recorded no placement)."""
-    want = device_map.split(":")[0]
+    want = device_type(device_map)
     off = {name: list(kinds) for name, kinds in components.items() if list(kinds) not in ([want], [])}
     if not off:
         return None

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import io
 import json
 import math
 import shlex
@@ -544,9 +545,11 @@ def render_space_card() -> str:
 
 def embedded_images(rows: Sequence[Row], results_dir: Path) -> dict[int, dict[str, str]]:
     """The text-to-image rows' images (``image``, ``reference_image``: PNG paths in the results folder) as
-    ``data:`` URIs, so the page stays one self-contained file (its images inline like its data; a run's
-    image is small: text-to-image runs make 64x64 pictures). Returns, by the row's index, the page's
-    ``image_src`` / ``reference_image_src``; an image no longer there is left out (the page says none)."""
+    ``data:`` URIs, so the page stays one self-contained file (its images inline like its data). A catalog
+    pipeline makes its default resolution (1024² for SDXL), so an image larger than :data:`THUMBNAIL_PX`
+    on a side is embedded as a thumbnail of that size (the full image stays in the run folder). Returns, by
+    the row's index, the page's ``image_src`` / ``reference_image_src``; an image no longer there is left
+    out (the page says none)."""
     found: dict[int, dict[str, str]] = {}
     for index, row in enumerate(rows):
         for column in ("image", "reference_image"):
@@ -554,9 +557,27 @@ def embedded_images(rows: Sequence[Row], results_dir: Path) -> dict[int, dict[st
             source = results_dir / relative if relative else None
             if source is None or not source.is_file():
                 continue
-            encoded = base64.b64encode(source.read_bytes()).decode("ascii")
+            encoded = base64.b64encode(_thumbnail(source)).decode("ascii")
             found.setdefault(index, {})[f"{column}_src"] = f"data:image/png;base64,{encoded}"
     return found
+
+
+#: The longest side, in pixels, of an image the page embeds.
+THUMBNAIL_PX = 256
+
+
+def _thumbnail(path: Path) -> bytes:
+    """The PNG's bytes, scaled down to :data:`THUMBNAIL_PX` on its longest side where it is larger."""
+    data = path.read_bytes()
+    from PIL import Image  # Pillow comes with diffusers, which made the image
+
+    with Image.open(io.BytesIO(data)) as image:
+        if max(image.size) <= THUMBNAIL_PX:
+            return data
+        image.thumbnail((THUMBNAIL_PX, THUMBNAIL_PX))
+        buffer = io.BytesIO()
+        image.save(buffer, format="PNG")
+        return buffer.getvalue()
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from run import SPEC, cold_then_warm, enter
 import base64
 import io
 import itertools
+import math
 import os
 import time
 
@@ -280,9 +281,12 @@ def run_task(torch, preprocessor, pipe, state):
 
 
 def relative_distance(torch, output, reference):
-    """|output - reference| / |reference| over the whole tensor (inf when the reference is zero and they differ)."""
+    """|output - reference| / |reference| over the whole tensor: inf when the reference is zero and they
+    differ, NaN when either norm is not finite (an overflowed or NaN output is never a distance of 0)."""
     difference = (output - reference).norm().item()
     scale = reference.norm().item()
+    if not (math.isfinite(difference) and math.isfinite(scale)):
+        return float("nan")
     return difference / scale if scale > 0 else (float("inf") if difference > 0 else 0.0)
 
 
@@ -339,7 +343,6 @@ def run_teacher_forced(torch, pipe, name):
         "text": None,
         "stages": scores,
         "calls": {stage: len(device[stage]) for stage in STAGES},
-        "checked_calls": {stage: len(exact[stage]) for stage in STAGES},
         "noise_dtype": noise_dtype,
         "denoiser": name,
         "forced_s": time.perf_counter() - start,
