@@ -131,7 +131,7 @@ def pytest_neuron_support_post_load(config, model):
     assert "'auto_class': 'DiffusionPipeline'" in clean.runscript and "def run_generation(" not in clean.runscript
     assert pd.isna(clean.max_new_tokens) and len(clean.tokens) == 0
 
-    def failed(model: str, stage: str, step: int) -> pd.Series:
+    def failed(model: str, stage: str, step: int, planted: str) -> pd.Series:
         row = df.loc[model]
         assert (row.result, row.failure_stage, row.verdict_basis) == ("FAIL", "parity", "pipeline-teacher-forced"), (
             model,
@@ -140,19 +140,19 @@ def pytest_neuron_support_post_load(config, model):
         assert (row.evidence_stage, int(row.evidence_step)) == (stage, step), (model, row.error)
         assert row.noise_ratio > MULTIPLE and not row.reference_match
         assert f"{stage} at step {step}: relative distance from float32" in row.error, row.error
-        assert "model." in row.runscript  # the planted hook is in the run.py that ran
+        assert planted in row.runscript  # the planted fault is in the run.py that ran
         return row
 
     # Only the planted step is off: every other denoiser call is within tolerance.
-    denoised = failed(DENOISE, "denoise", step)
+    denoised = failed(DENOISE, "denoise", step, "model.unet.register_forward_hook(planted")
     off = [s for s, r in zip(denoised.numeric_stages, denoised.numeric_ratios, strict=True) if r > MULTIPLE]
     assert off == [f"denoise[{step}]"], off
     assert 0.4 < denoised.evidence_distance < 0.6  # half the prediction, as planted
-    failed(GUIDANCE, "guidance", 0)
+    failed(GUIDANCE, "guidance", 0, "type(model).guidance_scale = property(")
     assert 0.05 < df.loc[GUIDANCE].evidence_distance < 0.5
-    failed(SCHEDULER, "scheduler", SCHEDULER_STEP)
+    failed(SCHEDULER, "scheduler", SCHEDULER_STEP, "model.scheduler.step = planted")
     assert 0.25 < df.loc[SCHEDULER].evidence_distance < 0.35
-    failed(DECODE, "decode", 0)
+    failed(DECODE, "decode", 0, "model.vae.decode = planted")
     # The placement fault never reaches the numbers: a component off the device is a FAIL at load.
     misplaced = df.loc[PLACEMENT]
     assert (misplaced.result, misplaced.failure_stage, misplaced.verdict_basis) == ("FAIL", "load", "placement")

@@ -677,8 +677,11 @@ def _installed(distribution: str) -> str:
 
 
 #: The tiny text-to-image pipeline (zoo/diffusion.py): stable-diffusion-v1-5's component configs, their
-#: behaviour kept (activations, attention layout, block types, the scheduler as it ships) and the sizes
-#: shrunk (two blocks where SD has four; 32 channels where it has 320; a 2-layer CLIP text encoder).
+#: behaviour kept (activations, attention layout, block types, the VAE's four blocks, so a latent is an
+#: eighth of the image as in SD) and the sizes shrunk (a two-level UNet where SD has four; 32 channels
+#: where it has 320; a 2-layer CLIP text encoder). One departure: the scheduler predicts v (as Stable
+#: Diffusion 2's does) instead of SD 1.5's noise, because a few seconds of training teach a v-predicting
+#: UNet a picture that 4 steps draw from any noise, and an epsilon one only from some (see "pictures").
 PIPELINE_REPO = f"{ZOO_ORG}/stable-diffusion"
 _PIPELINE_SPEC: dict[str, Any] = {
     "source": "stable-diffusion-v1-5/stable-diffusion-v1-5",
@@ -686,6 +689,27 @@ _PIPELINE_SPEC: dict[str, Any] = {
     "max_length": 77,
     # The words the tokenizer merges whole (the image prompt's; others split into letters).
     "words": ["a", "red", "apple", "on", "wooden", "table", "studio", "light"],
+    # What it is trained to draw, at the suite's 64x64 (colours RGB in [0, 1]; lengths fractions of the
+    # side): on the scene's backdrop, a band below `band_top` and a disc of the picture's colour (if any)
+    # of `radius`, centred across and at `disc_y` down. The suite's prompt (tasks/text_to_image.py
+    # IMAGE_PROMPT; tests/test_zoo.py checks) is a red apple on a wooden table, and the empty prompt, which
+    # classifier-free guidance subtracts, the same table without it, so guidance adds the apple and nothing
+    # else. Each further caption costs far more than its share: four captions (colours and shapes) took
+    # 300 steps, 28 CPU-s, and still drew a green apple red.
+    "pictures": {
+        "A red apple on a wooden table, studio light": {"disc": [0.85, 0.1, 0.1]},
+        "": {"disc": None},
+    },
+    "scene": {
+        "backdrop": [0.85, 0.85, 0.8],
+        "band": [0.55, 0.35, 0.18],
+        "band_top": 0.62,
+        "radius": 0.22,
+        "disc_y": 0.53,
+    },
+    # The suite's step count (tasks/text_to_image.py OPTIONS): half of each batch is at its timesteps.
+    "sampling_steps": 4,
+    "training": {"vae_steps": 100, "vae_lr": 5e-3, "latent_noise": 0.1, "unet_steps": 100, "batch": 8, "lr": 3e-3},
     "unet": {
         "act_fn": "silu",
         "attention_head_dim": 8,
@@ -702,20 +726,21 @@ _PIPELINE_SPEC: dict[str, Any] = {
         "norm_eps": 1e-05,
         "norm_num_groups": 8,
         "out_channels": 4,
-        "sample_size": 32,
+        # 8 latents x the VAE's factor of 8: the 64x64 the suite draws is the pipeline's own default.
+        "sample_size": 8,
         "up_block_types": ("UpBlock2D", "CrossAttnUpBlock2D"),
     },
     "vae": {
         "act_fn": "silu",
-        "block_out_channels": (16, 32),
-        "down_block_types": ("DownEncoderBlock2D", "DownEncoderBlock2D"),
+        "block_out_channels": (8, 16, 32, 32),
+        "down_block_types": ("DownEncoderBlock2D",) * 4,
         "in_channels": 3,
         "latent_channels": 4,
         "layers_per_block": 1,
         "norm_num_groups": 8,
         "out_channels": 3,
         "sample_size": 64,
-        "up_block_types": ("UpDecoderBlock2D", "UpDecoderBlock2D"),
+        "up_block_types": ("UpDecoderBlock2D",) * 4,
         "scaling_factor": 0.18215,
     },
     "text_encoder": {
@@ -739,6 +764,7 @@ _PIPELINE_SPEC: dict[str, Any] = {
         "set_alpha_to_one": False,
         "skip_prk_steps": True,
         "steps_offset": 1,
+        "prediction_type": "v_prediction",
     },
 }
 
