@@ -216,7 +216,9 @@ def process_tag(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
 #: changes, never what runs.
 LONGEST_FIRST = (
     "tests/test_sweep.py::test_tiny_zoo_sweep_passes_every_architecture",
+    "tests/test_text_to_image.py::test_the_tiny_pipeline_passes_and_a_fault_at_any_stage",
     "tests/test_scale.py::",
+    "tests/test_reference_commit.py::test_a_moved_main_between_two_sessions",
     "tests/test_verdicts.py::test_fluent_wrong_dead_and_warm_faults",
     "tests/test_faults_model.py::",
     "tests/test_sharded.py::test_sharded_items_run_two_ranks",
@@ -225,6 +227,9 @@ LONGEST_FIRST = (
     "tests/test_faults_session.py::",
     "tests/test_doctor.py::test_cpu_passes_every_check",
     "tests/test_promises.py::test_resume_reruns",
+    "tests/test_speech.py::test_the_tiny_whisper",
+    "tests/test_user_paths.py::test_a_users_reference_runs_beside",
+    "tests/test_near_tie_views.py::",
     "tests/test_sweep.py::test_parity_failure_and_load_error",
     "tests/test_training.py::test_the_tiny_zoo_trains_on_cpu",
     "tests/test_promises.py::test_near_tie",

@@ -118,9 +118,12 @@ def test_plan_offline_answers_from_the_local_cache(offline_hub: Path) -> None:
     assert "experts" in lines[1]
     assert lines[2].startswith("  trn2.3xlarge (1 chip, 4 cores): 1 core(s), tp=1 ep=1, ")
     assert lines[4] == "  fits: trn2.3xlarge, trn2.48xlarge"
+    # The plugin's own one-line offline message (never huggingface_hub's advice to set local_files_only).
     assert (
-        "neuron-support plan: cannot inspect tiny-random/not-in-the-cache (revision main): config.json" in done.stderr
+        "neuron-support plan: tiny-random/not-in-the-cache (revision main) is not in the local Hugging Face cache"
+        in done.stderr
     )
+    assert "local_files_only" not in done.stderr
 
 
 def test_plan_rejects_a_core_count_naming_the_flag() -> None:

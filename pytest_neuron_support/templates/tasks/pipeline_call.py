@@ -88,6 +88,8 @@ def run_task(torch, pipe, model, state):  # replaces generation.py's
         "pipeline_text_again": pipeline_text(said_again),
         "repeat_identical": tokens == tokens_again,
         "prompt_tokens": n_prompt,
+        # The prompt's own ids, as the direct path records them: scores are reused only after the same prefix.
+        "prompt_ids": [int(t) for t in first.sequences[0, :n_prompt].tolist()],
         "top_logprobs": top_logprobs(torch, first.logits, tokens, SPEC["top_k"]),
         **facts,
         **placed,
