@@ -69,7 +69,10 @@ def test_tiny_zoo_sweep_passes_every_architecture_with_four_workers_over_four_co
     # and a lease covers the device run only (the verdict runs after it is released).
     assert set(df.neuron_cores) == {1, 2, 4}
     assert overlapping_leases(df) == []
-    assert ((df.lease_end - df.lease_start) < df.run_s + 2.0).all()
+    # The margin is the harness's own work inside the lease (starting the CPU side, rendering run.py): 2.7 s
+    # for the pipeline under a loaded clean-clone run (fef5295), while a CPU check or judge that must stay
+    # outside it takes 10 s and more.
+    assert ((df.lease_end - df.lease_start) < df.run_s + 5.0).all(), df.lease_end - df.lease_start - df.run_s
     four = df.set_index("model_id").loc["tiny-random/olmo2"]
     assert (four.neuron_cores, four.tp_size, four.first_core, four.judge_verdict) == (4, 4, 0, "fluent")
     sharded = df[df.neuron_cores == 2]

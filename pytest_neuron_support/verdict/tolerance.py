@@ -30,7 +30,7 @@ from typing import Any
 #: "The calibrated tolerance rule"): a healthy run of the tiny zoo's pipeline compiled with inductor in bf16
 #: reached a ratio of at most 1.0 over every stage and step, and trn2's published bf16 matmul error (P99
 #: relative error 0.4 to 0.5 %) is the size of bf16's own rounding, a ratio near 1; 3 is PyTorch's own
-#: multiple for bf16. Planted faults land at ratios of 60 to 200 (docs/verdicts.md).
+#: multiple for bf16. Planted faults land at ratios of 68 to 327 (docs/verdicts.md).
 MULTIPLE = 3.0
 #: The least noise a comparison is judged against, as a relative L2 distance. Where the device's dtype is
 #: float32 the CPU's dtype noise is zero by construction and a compiled float32 run still reorders sums
