@@ -65,7 +65,7 @@ def _own_core_ledger(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pyte
     return ledger
 
 
-pytest_plugins = ["pytester", "librarykeeper"]
+pytest_plugins = ["pytester", "librarykeeper", "cpuclock"]
 
 REPO = Path(__file__).resolve().parent.parent
 

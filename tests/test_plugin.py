@@ -111,6 +111,12 @@ def test_repository_root_runs_the_catalog_and_tests_apart(tmp_path: Path, offlin
     assert "suite: the catalog models-tiny.yaml (15 models)" in sweep, sweep
     items = [line.strip() for line in sweep.splitlines() if line.strip().startswith("<Function ")]
     assert len(items) == 15 and all(line.startswith("<Function test_model[") for line in items), sweep
+    # Largest expected work first (cores x seconds): the 4-core olmo2, then the pipeline, whose task's prior
+    # is three text runs (a text model's prior would start it seventh, to finish alone at the end).
+    assert items[:2] == [
+        "<Function test_model[tiny-random/olmo2]>",
+        "<Function test_model[tiny-random/stable-diffusion]>",
+    ]
     assert "<Module test_" not in sweep and "<Dir tests>" not in sweep, sweep
     own = collect("tests/test_options.py")
     assert "suite: the project's own tests (tests/)" in own and "<Module test_options.py>" in own, own

@@ -6,6 +6,7 @@ downloading a weight, and a prior for how long it will take (which orders the sw
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from pytest_neuron_support.base.model import ModelSpec
 from pytest_neuron_support.checks.registry import KINDS
@@ -65,15 +66,19 @@ def plan_checks(
         )
         plan = Plan(cores=0, tp_size=1, ep_size=1, weight_bytes=0, skip=None, reason=error, error=error)
         return dict.fromkeys(checks, plan), exc.unreachable
+    factor = task_of(model.task).prior_factor
     plans = {
-        check: plan_cores(
-            shape,
-            dtype=model.dtype,
-            core_bytes=settings.core_bytes,
-            headroom=settings.memory_headroom,
-            max_cores=settings.max_cores,
-            override=model.cores,
-            training=KINDS[check].training,
+        check: replace(
+            plan_cores(
+                shape,
+                dtype=model.dtype,
+                core_bytes=settings.core_bytes,
+                headroom=settings.memory_headroom,
+                max_cores=settings.max_cores,
+                override=model.cores,
+                training=KINDS[check].training,
+            ),
+            prior_factor=factor,
         )
         for check in checks
     }
@@ -101,6 +106,7 @@ def not_cached_offline(model: ModelSpec, exc: PlanningError, hub_down: str | Non
 def prior_seconds(plan: Plan) -> float:
     """Expected seconds of a model never run before: compile dominates and grows with size.
 
-    A rough prior (60 s plus 25 s per GiB of weights), only used to order the sweep.
+    A rough prior (60 s plus 25 s per GiB of weights, times its task's ``prior_factor``), only used to
+    order the sweep.
     """
-    return 60.0 + 25.0 * plan.weight_bytes / (1 << 30)
+    return (60.0 + 25.0 * plan.weight_bytes / (1 << 30)) * plan.prior_factor

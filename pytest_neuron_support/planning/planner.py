@@ -314,6 +314,8 @@ class Plan:
         per_core_bytes: what one core holds under this plan (weights, or the training state; an
             expert-parallel rank's dense part whole plus its share of the experts); 0 when the model
             does not run or was not inspected.
+        prior_factor: its task's ``prior_factor`` (how many text-generation runs of the same weights
+            a run of the task is expected to take): only the sweep's order reads it.
     """
 
     cores: int
@@ -324,6 +326,7 @@ class Plan:
     weight_bytes: int
     error: str | None = None
     per_core_bytes: int = 0
+    prior_factor: float = 1.0
 
 
 def distributed_configs(plan: Plan) -> tuple[dict[str, Any], ...]:

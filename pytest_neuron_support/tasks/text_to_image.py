@@ -104,6 +104,12 @@ class TextToImage(Task):
     generates: ClassVar[bool] = False
     # Its inference check already is diffusers' own pipeline (DiffusionPipeline.from_pretrained(...).to(device)).
     pipeline: ClassVar[bool] = False
+    # Its denoiser's graph is larger than a tiny text model's whole model, runs steps x 2 (guidance) times
+    # per call, and the CPU check replays the whole pipeline twice (float32 and the device's dtype):
+    # measured on the tiny zoo on cpu, its run took about 3 times a text model's (159 s against 42 to 78 s
+    # under the README's main job, fef5295). Started with the text models' prior it began seventh and
+    # finished last, alone, a minute after the others.
+    prior_factor: ClassVar[float] = 3.0
 
     def prompt(self, model: ModelSpec, default: str) -> str | None:
         if not model.prompt and default == DEFAULT_PROMPT:
