@@ -188,3 +188,19 @@ def test_precheck_sees_special_tokens_the_judge_text_leaves_out() -> None:
     # Generation that stops with end-of-sequence is text.
     assert fluency_precheck(" the quick brown", [285, 349, 381, 1], special, eos) is None
     assert fluency_precheck(" the quick", [285, 1, 349, 1], special, eos) is not None  # an eos inside is not
+
+
+def test_the_training_check_applies_where_the_task_row_says_it_trains() -> None:
+    from pytest_neuron_support.checks.registry import KINDS
+    from pytest_neuron_support.tasks.generation import TextGeneration
+    from pytest_neuron_support.tasks.table import TASKS
+
+    kind = KINDS["train"]
+    # train.py fine-tunes a causal LM on text: only text generation's row says it trains.
+    assert {name for name, task in TASKS.items() if kind.applies_to(task)} == {"text-generation"}
+
+    class FrozenGeneration(TextGeneration):
+        trainable = False
+
+    # The row's attribute decides, not a list kept beside the check.
+    assert not kind.applies_to(FrozenGeneration("text-generation"))

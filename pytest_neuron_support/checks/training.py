@@ -41,9 +41,6 @@ from pytest_neuron_support.verdict.training import (
     compare_training,
 )
 
-#: Tasks the training check applies to (train.py fine-tunes a causal LM on a fixed text set).
-TRAIN_TASKS: tuple[str, ...] = ("text-generation",)
-
 
 def train_distributed_configs(plan: Plan) -> tuple[dict[str, Any], ...]:
     """``DistributedConfig`` keyword sets train.py tries in order for a sharded training plan: the plan's
@@ -111,7 +108,7 @@ class TrainingCheck:
     summary = "train.py: a few Trainer steps (bf16, torch_compile, fixed padding) against the same steps on CPU"
 
     def applies_to(self, task: Task) -> bool:
-        return task.name in TRAIN_TASKS
+        return task.trainable
 
     def hash_parts(self) -> list[str]:
         # The training check's own settings: its rows never stand for an inference row, nor back.

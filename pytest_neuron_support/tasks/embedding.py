@@ -81,6 +81,7 @@ class SentenceEmbedding(Task):
     generates: ClassVar[bool] = False
     # Sentence embeddings are what sentence-transformers is for, not a transformers pipeline.
     pipeline: ClassVar[bool] = False
+    trainable: ClassVar[bool] = False  # no language-modelling head to train
 
     def prompt(self, model: ModelSpec, default: str) -> str | None:
         return None  # it embeds fixed sentences

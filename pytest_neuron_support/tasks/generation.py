@@ -130,6 +130,8 @@ class ImageTextToText(TextGeneration):
     )
     inputs: ClassVar[str] = "vision"
     code: ClassVar[tuple[str, ...]] = ("vision.py", "generation.py")
+    # train.py's batches are text only: no image reaches the processor.
+    trainable: ClassVar[bool] = False
 
     def prompt(self, model: ModelSpec, default: str) -> str | None:
         if not model.prompt and default == DEFAULT_PROMPT:

@@ -52,6 +52,8 @@ class SpeechRecognition(TextGeneration):
     code: ClassVar[tuple[str, ...]] = ("audio.py", "generation.py")
     takes_prompt: ClassVar[bool] = False
     fixed_input: ClassVar[str] = "it transcribes a fixed waveform it synthesises itself"
+    # train.py fine-tunes a causal LM on text; a speech model's loss needs audio features.
+    trainable: ClassVar[bool] = False
 
     def prompt(self, model: ModelSpec, default: str) -> str | None:
         return None  # it transcribes audio; there is no text prompt

@@ -54,6 +54,8 @@ class Task:
         generates: it generates tokens (``--max-new-tokens`` applies; the training check may apply).
         pipeline: users reach for ``transformers.pipeline(<name>)`` for it: the pipeline check applies, with
             its :attr:`pipeline_fragments` (the task's inputs fragment gives the pipeline's call).
+        trainable: the training check applies (``-k training``): train.py fine-tunes it with the Trainer on
+            the task's own loss. Only causal language modelling has that train.py today.
         prior_factor: how many times a text-generation run of the same weights a run of this task is
             expected to take, before the dataset has a run of it: only the sweep's order reads it (the
             longest items start first, so none is left running alone at the end).
@@ -72,6 +74,7 @@ class Task:
     cosine: ClassVar[bool] = False
     generates: ClassVar[bool] = True
     pipeline: ClassVar[bool] = True
+    trainable: ClassVar[bool] = True
     prior_factor: ClassVar[float] = 1.0
     registry: ClassVar[tuple[str, str] | None] = (
         "transformers.models.auto.modeling_auto",

@@ -104,6 +104,7 @@ class TextToImage(Task):
     generates: ClassVar[bool] = False
     # Its inference check already is diffusers' own pipeline (DiffusionPipeline.from_pretrained(...).to(device)).
     pipeline: ClassVar[bool] = False
+    trainable: ClassVar[bool] = False  # train.py trains transformers models, not diffusers pipelines
     # Its denoiser's graph is larger than a tiny text model's whole model, runs steps x 2 (guidance) times
     # per call, and the CPU check replays the whole pipeline twice (float32 and the device's dtype):
     # measured on the tiny zoo on cpu, its run took about 3 times a text model's (159 s against 42 to 78 s
