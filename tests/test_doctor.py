@@ -288,7 +288,7 @@ def test_the_doctor_process_imports_neither_torch_nor_transformers() -> None:
     code = (
         "import importlib, pkgutil, sys\n"
         "import pytest_neuron_support.doctor, pytest_neuron_support.run.execution\n"
-        "import pytest_neuron_support.run.runscript, pytest_neuron_support.viewer.report\n"
+        "import pytest_neuron_support.run.runscript, pytest_neuron_support.run.neffcache\n"
         # Every module of the package, the checks' included (__main__ would run the doctor).
         "for m in pkgutil.walk_packages(pytest_neuron_support.doctor.__path__, 'pytest_neuron_support.doctor.'):\n"
         "    if not m.name.endswith('__main__'):\n"
@@ -297,6 +297,20 @@ def test_the_doctor_process_imports_neither_torch_nor_transformers() -> None:
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert proc.stdout.strip() == "[]"
+
+
+def test_no_doctor_module_imports_the_viewer() -> None:
+    # The doctor checks a host; the viewer renders datasets. What both need (the NEFF-cache sync command)
+    # lives below them (run/neffcache.py), so the arrows point one way.
+    package = Path(pytest_neuron_support.doctor.__file__).parent
+    importers = []
+    for path in package.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            names += [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
+            if any(name.startswith("pytest_neuron_support.viewer") for name in names):
+                importers.append(path.relative_to(package).as_posix())
+    assert importers == []
 
 
 @pytest.mark.usefixtures("eager_compile")

@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 
 from pytest_neuron_support.run import neffcache
-from pytest_neuron_support.viewer import report as viewer
 
 VERSION = "2.15.128.0+56dc5a86"
 BUCKET = "hf://buckets/test-org/neff-cache"
@@ -158,11 +157,11 @@ def test_prefix_names_the_compiler_folder_with_its_local_label() -> None:
         f"{BUCKET}/neuronxcc-{VERSION}",
     ]
     # The viewer's copy-paste command is the same pull, into the compiler's own folder.
-    assert viewer.neff_sync_command(VERSION) == (
+    assert neffcache.sync_command(VERSION) == (
         f"hf buckets sync hf://buckets/aws-neuron/torch-neuronx-neff-cache/neuronxcc-{VERSION}"
         f" /tmp/neff_cache/neuronxcc-{VERSION}"
     )
-    assert viewer.neff_sync_command("none") is None
+    assert neffcache.sync_command("none") is None
 
 
 def test_prefix_refuses_none_and_what_is_not_a_version() -> None:

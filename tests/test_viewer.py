@@ -27,6 +27,7 @@ from hubserver import HubServer, ModelRecord
 
 from pytest_neuron_support.data.dataset import DATA_DIR, write_rows
 from pytest_neuron_support.data.records import COLUMN_TYPES, Row
+from pytest_neuron_support.run import neffcache
 from pytest_neuron_support.tasks.table import RANKED_TASKS
 from pytest_neuron_support.viewer import report as viewer
 
@@ -423,7 +424,7 @@ def test_reproduction_of_a_neuron_row() -> None:
         f"pip install --extra-index-url {viewer.NEURON_PIP_INDEX} neuronx-cc=={CC} torch-neuronx==2.9.0.2.10",
         f"pip install torch==2.9.0 transformers=={NEW} einops",
     )
-    assert again.sync == f"hf buckets sync {viewer.NEFF_CACHE_BUCKET}/neuronxcc-{CC} /tmp/neff_cache/neuronxcc-{CC}"
+    assert again.sync == f"hf buckets sync {neffcache.DEFAULT_BUCKET}/neuronxcc-{CC} /tmp/neff_cache/neuronxcc-{CC}"
     assert again.run == (
         f"NEURON_RT_VISIBLE_CORES=0-3 TORCH_NEURONX_NEFF_CACHE_DIR=/tmp/neff_cache/neuronxcc-{CC} python3 run.py"
         " --out result.json"

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -277,6 +278,27 @@ def push_command(version: str, staging_dir: Path | str, bucket: str = DEFAULT_BU
     No ``--delete``: the folder holds what every other sweep of this compiler published.
     """
     return ["hf", "buckets", "sync", str(staging_dir), bucket_prefix(version, bucket)]
+
+
+#: Where a user's sync command puts the cache (one folder per compiler under it), and where the
+#: reproduction's run command points run.py at it: the viewer, ``runscript`` and the doctor say the same.
+SYNC_BASE = "/tmp/neff_cache"
+
+
+def sync_cache_dir(neuronx_cc: str) -> str:
+    """Compiler ``neuronx_cc``'s own local cache under :data:`SYNC_BASE`, the folder a sweep's run.py and
+    ``neff pull`` use (torch-neuronx's cache keys hold no compiler version)."""
+    return str(local_cache_dir(Path(SYNC_BASE), neuronx_cc))
+
+
+def sync_command(neuronx_cc: str) -> str | None:
+    """The command that fetches the public NEFF cache for compiler ``neuronx_cc`` into its own local
+    folder (:func:`sync_cache_dir`); None off Trainium (no compiler, ``none``) or for a recorded version
+    no bucket folder can be named by."""
+    try:
+        return shlex.join(pull_command(neuronx_cc, sync_cache_dir(neuronx_cc)))
+    except NeffCacheError:
+        return None
 
 
 def _snapshot(cache_dir: Path) -> dict[Path, tuple[int, int]]:

@@ -62,10 +62,6 @@ from pytest_neuron_support.tasks.table import RANKED_TASKS
 
 #: AWS's pip index for neuronx-cc and torch-neuronx (the PyPI names are placeholders).
 NEURON_PIP_INDEX = "https://pip.repos.neuron.amazonaws.com"
-#: The public bucket of compiled graphs, one folder per compiler version.
-NEFF_CACHE_BUCKET = neffcache.DEFAULT_BUCKET
-#: Where the sync command puts the cache, and where the run command points run.py at it.
-NEFF_CACHE_DIR = "/tmp/neff_cache"
 
 #: Columns of the viewer's table, in display order (every model's detail shows all columns).
 #: The Space's headline columns first (result, cores, run time including compile, peak device
@@ -183,21 +179,6 @@ SPACE_TITLE = "Model support on AWS Trainium"
 # --- how to rerun a row (shared with `neuron-support runscript`) -------------------------------
 
 
-def neff_cache_dir(neuronx_cc: str) -> str:
-    """Compiler ``neuronx_cc``'s own local cache under the default base, the folder a sweep's run.py
-    and ``neff pull`` use (torch-neuronx's cache keys hold no compiler version)."""
-    return str(neffcache.local_cache_dir(Path(NEFF_CACHE_DIR), neuronx_cc))
-
-
-def neff_sync_command(neuronx_cc: str) -> str | None:
-    """The command that fetches the public NEFF cache for compiler ``neuronx_cc`` into its own local
-    folder (:func:`neff_cache_dir`); None off Trainium."""
-    try:
-        return shlex.join(neffcache.pull_command(neuronx_cc, neff_cache_dir(neuronx_cc)))
-    except neffcache.NeffCacheError:
-        return None  # no compiler ("none"), or a recorded version no bucket folder can be named by
-
-
 def _public_version(version: str) -> str:
     # A local label ("2.13.0+cpu") names a build from PyTorch's own index; the version itself is
     # what pip resolves against the index the user installs from.
@@ -231,13 +212,13 @@ def install_commands(row: Row, extra_packages: Sequence[str] = ()) -> tuple[str,
 
 def run_command(row: Row) -> str:
     """The command that reruns ``row``'s run.py as the harness did: pinned to as many cores as the
-    row used (from core 0), and on Trainium reading the NEFF cache :func:`neff_sync_command` fills."""
+    row used (from core 0), and on Trainium reading the NEFF cache :func:`.neffcache.sync_command` fills."""
     env: dict[str, str] = {}
     device = DEVICES.get(row.device)
     if device is not None:
         env.update(device.pin_cores(0, row.neuron_cores or 1))
-        if neff_sync_command(row.neuronx_cc) is not None:
-            env[device.compile_cache_env] = neff_cache_dir(row.neuronx_cc)
+        if neffcache.sync_command(row.neuronx_cc) is not None:
+            env[device.compile_cache_env] = neffcache.sync_cache_dir(row.neuronx_cc)
     prefix = "".join(f"{key}={shlex.quote(value)} " for key, value in env.items())
     return f"{prefix}python3 {script_name(row)} --out result.json"
 
@@ -298,7 +279,7 @@ def reproduction(row: Row, extra_packages: Sequence[str] = ()) -> Reproduction:
         python=row.python,
         runscript=row.runscript,
         install=install_commands(row, extra_packages),
-        sync=neff_sync_command(row.neuronx_cc),
+        sync=neffcache.sync_command(row.neuronx_cc),
         run=run_command(row),
         script=script_name(row),
     )
@@ -430,7 +411,7 @@ def report_data(
                 "python": first.python,
                 "rows": len(stack_rows),
                 "newest": _newest(stack_rows),
-                "sync": neff_sync_command(first.neuronx_cc),
+                "sync": neffcache.sync_command(first.neuronx_cc),
             }
         )
     default_stack = max(stacks, key=lambda s: (s["newest"], s["stem"]))["stem"] if stacks else None

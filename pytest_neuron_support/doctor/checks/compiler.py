@@ -10,7 +10,7 @@ from pytest_neuron_support.doctor.check import Check, Doctor
 def expected(kind: DeviceKind) -> str:
     return (
         f"`{kind.compiler_version_expr or '<compiler_version_expr>'}` readable (local label kept) and "
-        "mapped to a NEFF bucket prefix by viewer.neff_sync_command"
+        "mapped to a NEFF bucket prefix by run.neffcache.sync_command"
     )
 
 
@@ -21,9 +21,9 @@ def not_applicable(kind: DeviceKind) -> str | None:
 
 
 def run(doctor: Doctor) -> tuple[str, bool]:
-    # Imported here, as the doctor used to: only this check needs them, and the viewer's module is not light.
+    # Imported here: only this check needs them.
     from pytest_neuron_support.devices.table import compiler_version
-    from pytest_neuron_support.viewer.report import neff_sync_command  # the neffcache module will own the prefix
+    from pytest_neuron_support.run.neffcache import sync_command
 
     kind = doctor.kind
     version = compiler_version(kind, python=doctor.python, timeout=doctor.timeout)
@@ -32,7 +32,7 @@ def run(doctor: Doctor) -> tuple[str, bool]:
         why = doctor.run("compiler", "evaluate", {"expr": kind.compiler_version_expr}, doctor.cpu_env())
         return f"`{kind.compiler_version_expr}`: {why.error or why.get('value')}", False
     doctor.versions["compiler"] = version
-    command = neff_sync_command(version)
+    command = sync_command(version)
     if command is None:
         return f"{version}; no NEFF bucket prefix for it", False
     prefix = command.split()[3] if len(command.split()) > 3 else command
