@@ -522,6 +522,11 @@ def test_scripts_run_run_pys_own_code_from_templates_common() -> None:
     assert "def rank_entry" not in launcher and "def rank_core" not in launcher
     rendered = render("process_group", {"device": "cpu"}, file="13-process-group.py")
     assert rendered.count("def rank_entry(") == 1 and rendered.count("def spawn_ranks(") == 1
+    # A rank enters as run.py's do (its environment, its own core, the root-communication port): one copy.
+    assert rendered.count("def enter_rank(") == 1 and rendered.count("LOCAL_WORLD_SIZE=str(world)") == 1
+    assert "enter_rank(" in script_source("process_group") and "os.environ.update(" not in script_source(
+        "process_group"
+    )
     assert "def end_with_parent(" in rendered and "def write_json(" in rendered  # through the harness
     assert "from common import" in script_source("process_group")  # the file names what it takes
     with pytest.raises(ValueError, match="defines no no_such_part"):

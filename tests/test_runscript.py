@@ -310,6 +310,7 @@ def test_run_py_and_train_py_carry_the_one_common_code_inlined_once() -> None:
         "write_json",
         "rank_core",
         "end_with_parent",
+        "enter_rank",
         "rank_entry",
         "RENDEZVOUS_TIMEOUT_S",
         "ROOT_COMM_BASE",

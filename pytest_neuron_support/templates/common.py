@@ -206,9 +206,12 @@ def end_with_parent():
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def rank_entry(rank, world, rendezvous, out):
-    """One torch.distributed rank (spawned, never forked: a forked child cannot re-initialise
-    the Neuron runtime). It joins the process group through ``rendezvous`` (:func:`join_process_group`)."""
+def enter_rank(rank, world, pin, root_comm_env):
+    """Make this spawned process rank ``rank`` of ``world``: it ends with its parent, gets torch.distributed's
+    environment variables and, on a device that pins cores (``pin``: the device's core variable, set to the
+    lease), narrows the pinning to its own core of the lease. Returns the lease's runtime root-communication
+    port as ``(root_comm_env, port)`` for :func:`join_process_group`, or None (no pinning, or no such
+    variable on this device). run.py's ranks and the doctor's process-group check both enter this way."""
     end_with_parent()
     os.environ.update(
         RANK=str(rank),
@@ -217,18 +220,24 @@ def rank_entry(rank, world, rendezvous, out):
         LOCAL_WORLD_SIZE=str(world),
         MASTER_ADDR="127.0.0.1",
     )
-    pin = SPEC["device"]["core_env_var"]
-    root_comm = None
-    if pin and os.environ.get(pin):
-        root_comm = root_comm_port(int(rank_core(os.environ[pin], 0)))  # the lease's first host core
-        os.environ[pin] = rank_core(os.environ[pin], rank)
-    variable = SPEC["device"].get("root_comm_env")
+    if not (pin and os.environ.get(pin)):
+        return None
+    first = int(rank_core(os.environ[pin], 0))  # the lease's first host core
+    os.environ[pin] = rank_core(os.environ[pin], rank)
+    return (root_comm_env, root_comm_port(first)) if root_comm_env else None
+
+
+def rank_entry(rank, world, rendezvous, out):
+    """One torch.distributed rank (spawned, never forked: a forked child cannot re-initialise
+    the Neuron runtime). It joins the process group through ``rendezvous`` (:func:`join_process_group`)."""
+    device = SPEC["device"]
+    root_comm = enter_rank(rank, world, device["core_env_var"], device.get("root_comm_env"))
     WORLD.update(
         size=world,
         rank=rank,
         rendezvous=rendezvous,
         stage_file=f"{out}.rank{rank}.stage",
-        root_comm=(variable, root_comm) if variable and root_comm is not None else None,
+        root_comm=root_comm,
     )
     # A spawned rank imports this file afresh, so what main() set is not there (train.py puts the
     # Trainer's output_dir beside it; run.py does not read it).

@@ -7,27 +7,16 @@ import os
 import sys
 import traceback
 
-# run.py's core of a rank (rank_core), rendezvous (join_process_group), runtime root-communication
-# port (root_comm_port) and launcher (spawn_ranks), spliced in from templates/common.py.
-from common import join_process_group, rank_core, root_comm_port, spawn_ranks  # @@COMMON@@
-from harness import SPEC, end_with_parent, main, synchronize, write_json  # @@HARNESS@@
+# run.py's entry of a rank (enter_rank: its environment, its own core, the runtime's root-communication
+# port), rendezvous (join_process_group) and launcher (spawn_ranks), spliced in from templates/common.py.
+from common import enter_rank, join_process_group, spawn_ranks  # @@COMMON@@
+from harness import SPEC, main, synchronize, write_json  # @@HARNESS@@
 
 
 def rank_entry(rank, world, rendezvous, out):
-    end_with_parent()
-    os.environ.update(
-        RANK=str(rank),
-        LOCAL_RANK=str(rank),
-        WORLD_SIZE=str(world),
-        LOCAL_WORLD_SIZE=str(world),
-        MASTER_ADDR="127.0.0.1",
-    )
+    # As run.py's ranks do: each narrows to its own core of the pair, with the lease's root-communication port.
     pin = SPEC["core_env_var"]
-    root_comm = None
-    if pin and os.environ.get(pin):  # as run.py does: each rank narrows to its own core of the pair
-        if SPEC["root_comm_env"]:  # and the runtime's root-communication port is the lease's own
-            root_comm = (SPEC["root_comm_env"], root_comm_port(int(rank_core(os.environ[pin], 0))))
-        os.environ[pin] = rank_core(os.environ[pin], rank)
+    root_comm = enter_rank(rank, world, pin, SPEC["root_comm_env"])
     result = {"rank": rank, "pinned": os.environ.get(pin or "")}
     try:
         import torch
