@@ -92,11 +92,35 @@ def test_training_fails_at_the_first_step_that_went_wrong(device: list[float], w
 
 
 def test_a_warm_run_that_differs_fails_at_generate_saying_where() -> None:
-    tokens = decide.repeat_differs([1, 2, 3], [1, 9, 3], 1, vectors=False)
+    tokens = decide.repeat_differs([1, 2, 3], [1, 9, 3], 1)
     assert (tokens.result, tokens.failure_stage, tokens.verdict_basis) == ("FAIL", "generate", "repeat")
     assert tokens.error == "the warm second generate() differs from the first at position 1 of 3 (first 2, second 9)"
-    vectors = decide.repeat_differs((), None, None, vectors=True)
+    vectors = decide.repeat_differs((), None, None, outputs="embeddings")
     assert vectors.error is not None and "embeddings differ" in vectors.error
+    image = decide.repeat_differs((), None, None, outputs="image")
+    assert (image.result, image.failure_stage, image.verdict_basis) == ("FAIL", "generate", "repeat")
+    assert image.error == "the warm second pipeline call's image differs from the first's"
+
+
+def test_the_pipeline_verdict_is_the_stages_rule_or_an_error_saying_why_it_could_not_be_checked() -> None:
+    from pytest_neuron_support.verdict.tolerance import MULTIPLE, calibrated
+
+    healthy = calibrated([{"stage": "denoise", "step": 0, "distance": 0.004, "noise": 0.004}])
+    assert decide.pipeline_stages(healthy, "ran", None) == decide.passed(decide.PIPELINE_BASIS)
+    off = calibrated([{"stage": "decode", "step": 0, "distance": 0.004 * (MULTIPLE + 1), "noise": 0.004}])
+    failed = decide.pipeline_stages(off, "ran", None)
+    assert (failed.result, failed.failure_stage, failed.verdict_basis) == ("FAIL", "parity", decide.PIPELINE_BASIS)
+    assert failed.error is not None and failed.error.startswith("teacher-forced pipeline check: decode at step 0")
+    # A check that did not finish, or could not run, decides nothing about the numbers: an ERROR saying why.
+    crashed = decide.pipeline_stages(None, "ran", ("TIMEOUT", "the check run.py timed out"))
+    assert (crashed.result, crashed.failure_stage, crashed.error) == (
+        "TIMEOUT",
+        "reference",
+        "the check run.py timed out",
+    )
+    skipped = decide.pipeline_stages(None, "skipped: needs ~9.0 GiB of host memory", None)
+    assert (skipped.result, skipped.failure_stage) == ("ERROR", "reference")
+    assert skipped.error == "the pipeline check cannot run: needs ~9.0 GiB of host memory"
 
 
 def test_a_run_that_did_not_finish_is_decided_by_the_run_at_its_stage() -> None:

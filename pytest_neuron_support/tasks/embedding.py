@@ -102,7 +102,7 @@ class SentenceEmbedding(Task):
     def repeat(self, row: Row, result: Mapping[str, Any]) -> decide.Decision | None:
         if row.repeat_identical is not False:
             return None
-        return decide.repeat_differs((), None, None, vectors=True)
+        return decide.repeat_differs((), None, None, outputs="embeddings")
 
     def free_reference(self, sharded: bool) -> bool:
         return True  # the embeddings are what the verdict compares, sharded or not

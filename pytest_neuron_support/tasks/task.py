@@ -222,7 +222,7 @@ class Task:
         """The warm second run must repeat the first: None when it did, else its FAIL."""
         if row.repeat_identical is not False:
             return None
-        return repeat_differs(row.tokens, result.get("tokens_again"), row.repeat_divergence, vectors=False)
+        return repeat_differs(row.tokens, result.get("tokens_again"), row.repeat_divergence)
 
     # --- its verdict ------------------------------------------------------------------------------
 

@@ -32,10 +32,9 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from pytest_neuron_support.base.model import DEFAULT_PROMPT, ModelSpec
-from pytest_neuron_support.base.redaction import scrub
 from pytest_neuron_support.base.storage import write_atomic
-from pytest_neuron_support.cpu.forced import memory_shortfall
 from pytest_neuron_support.cpu.reference import ReferenceRun
+from pytest_neuron_support.cpu.stages import stages_check, stages_spec
 from pytest_neuron_support.data import hub
 from pytest_neuron_support.data.records import Row
 from pytest_neuron_support.planning.planner import (
@@ -47,11 +46,10 @@ from pytest_neuron_support.planning.planner import (
     label,
 )
 from pytest_neuron_support.run.context import Job
-from pytest_neuron_support.run.execution import failure_of
 from pytest_neuron_support.tasks.task import Task
 from pytest_neuron_support.verdict import decide
 from pytest_neuron_support.verdict.images import psnr
-from pytest_neuron_support.verdict.tolerance import calibrated, row_fields
+from pytest_neuron_support.verdict.tolerance import row_fields
 
 #: The prompt of an entry that sets none, while the session's --prompt is the default (a text
 #: continuation prompt describes no picture).
@@ -61,8 +59,6 @@ IMAGE_PROMPT = "A red apple on a wooden table, studio light"
 #: PixArt's resolution binning, which maps a small request to about 1024², has nothing to remap. A few
 #: steps exercise the scheduler's loop as a long run does; the checks compare every one of them.
 OPTIONS: Mapping[str, Any] = {"steps": 4, "guidance_scale": 5.0, "seed": 0}
-#: The verdict basis of the teacher-forced pipeline check.
-BASIS = "pipeline-teacher-forced"
 #: Component classes that carry no weights (``model_index.json`` names a class for every component).
 WEIGHTLESS = ("Tokenizer", "TokenizerFast", "Scheduler", "Processor", "FeatureExtractor", "ImageProcessor")
 #: The files a pipeline component's weights may be in, in the order diffusers and transformers look.
@@ -134,9 +130,7 @@ class TextToImage(Task):
     def repeat(self, row: Row, result: Mapping[str, Any]) -> decide.Decision | None:
         if row.repeat_identical is not False:
             return None
-        return decide.Decision(
-            "FAIL", "generate", "repeat", "the warm second pipeline call's image differs from the first's"
-        )
+        return decide.repeat_differs((), None, None, outputs="image")
 
     def free_reference(self, sharded: bool) -> bool:
         return True  # its image is the one the device's is compared with
@@ -163,28 +157,12 @@ class TextToImage(Task):
             row = replace(row, reference_image=_in_results(job, image))
         # The teacher-forced check: the device's recording through the CPU pipeline, stage by stage, in float32
         # and in the device's dtype (the dtype's own noise the device's distance is judged against).
-        short = memory_shortfall(row.parameters, "float32", job.settings)
-        if short is not None:  # nothing else can vouch for the numbers: the row says why it is not decided
-            row = replace(row, cpu_check=f"skipped: {short}")
-            failed = decide.run_failed("ERROR", "reference", f"the pipeline check cannot run: {short}")
-            return replace(row, **failed.fields())
-        io_path = job.workdir / "device" / str(result.get("denoiser_io") or "denoiser_io.pt")
-        options = {**dict(OPTIONS), "forced_io": str(io_path), "noise_dtype": job.model.dtype}
-        spec = replace(reference.spec, dtype="float32", task_options=options)
-        _, outcome = job.execute(spec, "cpu-check", job.cpu_env())
-        row = replace(row, cpu_check="ran", cpu_check_s=round(outcome.wall_s, 3))
-        checked = outcome.result
-        if checked is None or not checked.get("ok"):
-            status, _, error = failure_of(
-                outcome,
-                "teacher-forced pipeline check run.py",
-                offline=job.settings.hub_unreachable,
-                checkpoint=job.model.id,
-            )
-            return replace(row, **decide.run_failed(status, "reference", scrub(error, job.environ) or "").fields())
-        evidence = calibrated(checked.get("stages") or (), checked.get("calls"))
-        decision = decide.numeric(evidence, BASIS, "teacher-forced pipeline check")
-        return replace(row, **row_fields(evidence), **decision.fields())
+        recording = job.workdir / "device" / str(result.get("denoiser_io") or "denoiser_io.pt")
+        checked = stages_check(job, stages_spec(reference.spec, recording, job.model.dtype), row.parameters)
+        row = replace(row, cpu_check=checked.how, cpu_check_s=checked.wall_s)
+        if checked.evidence is not None:
+            row = replace(row, **row_fields(checked.evidence))
+        return replace(row, **decide.pipeline_stages(checked.evidence, checked.how, checked.failure).fields())
 
 
 def _in_results(job: Job, path: Path) -> str:

@@ -74,12 +74,21 @@ def placement(device_map: str, model_devices: Sequence[str], pipeline_device: st
     return Decision("FAIL", "load", "placement", error)
 
 
-def repeat_differs(first: Sequence[int], again: Sequence[int] | None, index: int | None, *, vectors: bool) -> Decision:
+#: What differs when a task's warm second run is not its first, by the task's outputs.
+REPEATED = {
+    "embeddings": "the second forward pass's embeddings differ from the first's",
+    "image": "the warm second pipeline call's image differs from the first's",
+}
+
+
+def repeat_differs(
+    first: Sequence[int], again: Sequence[int] | None, index: int | None, *, outputs: str = "tokens"
+) -> Decision:
     """The warm second run gave other outputs than the first (what a user gets from the NEFF cache is
     not what the first run showed): a FAIL at ``generate`` saying where the tokens part (``index``), or,
-    for a task whose outputs are vectors (embeddings), that they differ."""
-    if vectors:
-        return Decision("FAIL", "generate", "repeat", "the second forward pass's embeddings differ from the first's")
+    for a task whose outputs are not tokens (``outputs``: ``embeddings``, ``image``), that they differ."""
+    if outputs != "tokens":
+        return Decision("FAIL", "generate", "repeat", REPEATED[outputs])
     second = list(again or ())
     one = first[index] if index is not None and index < len(first) else None
     two = second[index] if index is not None and index < len(second) else None
@@ -195,6 +204,22 @@ def numeric(checked: Calibrated, basis: str, what: str) -> Decision:
     others = sum(1 for c in checked.comparisons if not c.ok) - 1
     more = f"; {others} later comparison(s) out of tolerance too" if others else ""
     return Decision("FAIL", "parity", basis, f"{what}: {bad.describe()}{more}")
+
+
+#: The basis of a text-to-image verdict: the device's recording replayed stage by stage on CPU.
+PIPELINE_BASIS = "pipeline-teacher-forced"
+
+
+def pipeline_stages(checked: Calibrated | None, how: str, failure: tuple[str, str] | None) -> Decision:
+    """A text-to-image verdict from its teacher-forced pipeline check (``cpu/stages.py``): the calibrated
+    rule over every stage (:func:`numeric`); an ERROR at ``reference`` when the check's run did not finish
+    (``failure``: its result and error) or could not run (``how``: ``skipped: <why>``), since nothing else
+    vouches for a pipeline's numbers."""
+    if failure is not None:
+        return run_failed(failure[0], "reference", failure[1])
+    if checked is None:
+        return run_failed("ERROR", "reference", f"the pipeline check cannot run: {how.removeprefix('skipped: ')}")
+    return numeric(checked, PIPELINE_BASIS, "teacher-forced pipeline check")
 
 
 def component_placement(device_map: str, components: Mapping[str, Sequence[str]]) -> Decision | None:
