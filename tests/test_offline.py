@@ -204,3 +204,44 @@ def test_the_controller_decides_the_runs_cpu_threads(
 
     config = pytester.parseconfig(*args)
     assert resolve_cpu_threads(config, parse_options(config), environ, cpus=16) == threads
+
+
+def _other(value: object) -> object:
+    """Another value of a setting's own type."""
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int | float):
+        return value + 1
+    if isinstance(value, str):
+        return value + "-other"
+    if isinstance(value, Path):
+        return value / "other"
+    if isinstance(value, tuple):
+        return (*value, 99)
+    if value is DEVICES["cpu"]:
+        return DEVICES["cuda"]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        first = dataclasses.fields(value)[0].name
+        return dataclasses.replace(value, **{first: _other(getattr(value, first))})
+    return "float32"  # an unset optional setting (None) given a value
+
+
+def test_the_settings_hash_follows_exactly_the_settings_declared_to_change_a_result() -> None:
+    from pytest_neuron_support.base.model import ModelSpec
+    from pytest_neuron_support.checks.rows import settings_hash
+    from pytest_neuron_support.run.settings import CHANGES_RESULT
+
+    model = ModelSpec(id="org/m")
+    settings = _settings(None)
+    base = settings_hash(model, settings)
+    follows = {}
+    for field in dataclasses.fields(Settings):
+        changed = dataclasses.replace(settings, **{field.name: _other(getattr(settings, field.name))})
+        follows[field.name] = settings_hash(model, changed) != base
+    declared = {f.name for f in dataclasses.fields(Settings) if CHANGES_RESULT in f.metadata}
+    # The prompt is the one undeclared setting that moves the hash: it enters as the model's own prompt (the
+    # entry's, else the session's), so an entry with a prompt of its own keeps its hash under another --prompt.
+    assert {name for name, moved in follows.items() if moved} == declared | {"prompt"}
+    assert declared >= {"max_new_tokens", "device", "compile_backend", "parity", "judge_model", "max_cores"}
+    prompted = ModelSpec(id="org/m", prompt="its own")
+    assert settings_hash(prompted, dataclasses.replace(settings, prompt="q")) == settings_hash(prompted, settings)

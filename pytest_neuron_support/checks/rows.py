@@ -14,7 +14,7 @@ from pytest_neuron_support import __version__
 from pytest_neuron_support.base.model import Expectation, ModelSpec
 from pytest_neuron_support.data.records import Row, installed_version
 from pytest_neuron_support.planning.planner import DTYPE_BYTES, Plan
-from pytest_neuron_support.run.settings import Settings, core_pool
+from pytest_neuron_support.run.settings import Settings, core_pool, result_settings
 from pytest_neuron_support.tasks.table import task_of
 from pytest_neuron_support.verdict import expected
 
@@ -28,6 +28,8 @@ def settings_hash(model: ModelSpec, settings: Settings, extra: Sequence[str] = (
     would repeat the same check (``--resume`` skips it). ``extra``: a check kind's own parts
     (``CheckKind.hash_parts``; the inference check has none)."""
     task = task_of(model.task)
+    # The model's own parts (its prompt as the task reads it: the entry's, else the session's), then every
+    # setting declared to change a result (run.settings: CHANGES_RESULT), then the task's and the kind's.
     parts = [
         model.id,
         model.revision,
@@ -35,17 +37,8 @@ def settings_hash(model: ModelSpec, settings: Settings, extra: Sequence[str] = (
         model.dtype,
         str(task.prompt(model, settings.prompt)),
         str(model.cores),
-        str(settings.max_new_tokens),
-        settings.device.name,
-        settings.compile_backend,
-        str(settings.reference_dtype),
-        settings.parity,
-        settings.judge_model,
-        settings.judge_revision,
-        str(settings.core_bytes),
-        str(settings.memory_headroom),
-        str(settings.max_cores),
     ]
+    parts += result_settings(settings)
     parts += task.hash_parts(model)
     parts += extra
     return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:16]

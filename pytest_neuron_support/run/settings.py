@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +57,26 @@ class Resolved:
         return cls(**{**data, "cores": tuple(data["cores"])})
 
 
+#: The field metadata key that declares a setting as one that changes a check's result: its value is the
+#: setting's place in the settings hash (``checks.rows.settings_hash``, which ``--resume`` compares), so the
+#: hash of every dataset written before the declaration stays what it was.
+CHANGES_RESULT = "changes_result"
+
+
+def result_settings(settings: Settings) -> list[str]:
+    """The values of every setting declared to change a result, in their hash order, as text (a device by
+    its kind's name). What is not declared (where results are written, timeouts, caches, threads, memory
+    caps) leaves a row's settings hash alone: a rerun with another of those repeats the same check."""
+    declared = sorted(
+        (f.metadata[CHANGES_RESULT], f.name) for f in dataclasses.fields(Settings) if CHANGES_RESULT in f.metadata
+    )
+    values = []
+    for _, name in declared:
+        value = getattr(settings, name)
+        values.append(value.name if isinstance(value, DeviceKind) else str(value))
+    return values
+
+
 @dataclass(frozen=True)
 class Settings:
     """Session-wide choices, fixed at configure time. A field named like a command-line option holds
@@ -101,23 +121,25 @@ class Settings:
             ``session.resolve.resolve_cpu_threads``), None to leave the environment's as it is.
     """
 
-    device: DeviceKind
+    # The settings that change a result are declared so (CHANGES_RESULT: their place in the settings hash);
+    # the prompt changes one too, through each model's own prompt (checks.rows.settings_hash).
+    device: DeviceKind = field(metadata={CHANGES_RESULT: 1})
     neuron_cores: int
-    max_new_tokens: int
+    max_new_tokens: int = field(metadata={CHANGES_RESULT: 0})
     prompt: str
     model_timeout: float
     results_dir: Path
-    compile_backend: str
-    reference_dtype: str | None
+    compile_backend: str = field(metadata={CHANGES_RESULT: 2})
+    reference_dtype: str | None = field(metadata={CHANGES_RESULT: 3})
     allow_remote_code: bool
     stack: Stack
-    core_bytes: int = 24 << 30
-    memory_headroom: float = DEFAULT_HEADROOM
-    max_cores: int = DEFAULT_MAX_CORES
+    core_bytes: int = field(metadata={CHANGES_RESULT: 7}, default=24 << 30)
+    memory_headroom: float = field(metadata={CHANGES_RESULT: 8}, default=DEFAULT_HEADROOM)
+    max_cores: int = field(metadata={CHANGES_RESULT: 9}, default=DEFAULT_MAX_CORES)
     core_ledger: Path | None = None
-    judge_model: str = DEFAULT_JUDGE
-    judge_revision: str = "main"
-    parity: str = "exact"
+    judge_model: str = field(metadata={CHANGES_RESULT: 5}, default=DEFAULT_JUDGE)
+    judge_revision: str = field(metadata={CHANGES_RESULT: 6}, default="main")
+    parity: str = field(metadata={CHANGES_RESULT: 4}, default="exact")
     reference_cache: Path | None = None
     neff_cache: Path | None = None
     host_memory_gib: float | None = None
