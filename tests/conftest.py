@@ -20,12 +20,13 @@ from faultkit import TAG_VAR, kill_own_processes
 from filelock import FileLock
 
 from pytest_neuron_support import zoo
-from pytest_neuron_support.planning.planner import CONFIG_CACHE_ENV, usable_cpus
+from pytest_neuron_support.planning.planner import CONFIG_CACHE_ENV
+from pytest_neuron_support.run.threads import usable_cpus
 
 # This worker's own torch work (the zoo checks, in-process judges) and the run.py processes tests start
 # directly (run_script with os.environ) share the CPUs with the other xdist workers: one worker's
 # share of intra-op threads, as the plugin's --cpu-threads=auto gives each of its runs
-# (planning.cpu_threads says what an oversubscribed pool costs). Set before torch is imported here.
+# (run.threads.cpu_threads says what an oversubscribed pool costs). Set before torch is imported here.
 # The xdist controller imports this file first and its workers inherit its environment: the mark
 # tells a worker the value is this file's (to be set again for the worker count), not the user's.
 # The sessions the tests start (pytester) do not inherit it: there the plugin decides (below).

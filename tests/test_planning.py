@@ -31,7 +31,6 @@ from pytest_neuron_support.planning.planner import (
     Plan,
     PlanningError,
     count_safetensors_parameters,
-    cpu_threads,
     describe_plan,
     inspect_model,
     instance_plan,
@@ -39,6 +38,7 @@ from pytest_neuron_support.planning.planner import (
     plan_cores,
     read_safetensors_header,
 )
+from pytest_neuron_support.run.threads import cpu_threads
 
 CONFIGS = Path(__file__).resolve().parent / "fixtures" / "configs"
 REPO = Path(__file__).resolve().parent.parent

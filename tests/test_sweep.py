@@ -14,8 +14,8 @@ from faultkit import session_rows
 from pytest_neuron_support import zoo
 from pytest_neuron_support.base.storage import slug
 from pytest_neuron_support.catalog.load import load_catalog
-from pytest_neuron_support.planning.planner import cpu_threads, usable_cpus
 from pytest_neuron_support.run.execution import run_script
+from pytest_neuron_support.run.threads import cpu_threads, usable_cpus
 from pytest_neuron_support.verdict.embeddings import DEFAULT_MIN_COSINE
 from pytest_neuron_support.verdict.tolerance import MULTIPLE
 

@@ -241,6 +241,20 @@ def _offline() -> bool:
     return bool(constants.HF_HUB_OFFLINE)
 
 
+def is_unreachable(exc: BaseException) -> bool:
+    """True when the Hub could not be reached at all (refused, no route, DNS, timeout)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        name = type(seen).__name__
+        if "Connect" in name or "Timeout" in name or isinstance(seen, ConnectionError):
+            return True
+        text = str(seen)
+        if "Connection refused" in text or "Name or service not known" in text or "Temporary failure" in text:
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
 def unreachable(timeout_s: float = REACH_TIMEOUT_S) -> str | None:
     """Why the Hub cannot be asked now, in one short line; None when a connection to it opens.
 

@@ -71,20 +71,6 @@ _KV_HEAD_KEYS: tuple[str, ...] = ("num_key_value_heads", "n_kv_heads", "num_kv_h
 _MAX_HEADER_BYTES = 100_000_000
 
 
-def is_unreachable(exc: BaseException) -> bool:
-    """True when the Hub could not be reached at all (refused, no route, DNS, timeout)."""
-    seen: BaseException | None = exc
-    while seen is not None:
-        name = type(seen).__name__
-        if "Connect" in name or "Timeout" in name or isinstance(seen, ConnectionError):
-            return True
-        text = str(seen)
-        if "Connection refused" in text or "Name or service not known" in text or "Temporary failure" in text:
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return False
-
-
 class PlanningError(Exception):
     """The model cannot be inspected (no config, no weights metadata); the message says what was tried.
 
@@ -357,31 +343,6 @@ def training_bytes(parameters: int, dtype: str) -> int:
     """Bytes of a training step's state for ``parameters`` in ``dtype``: weights, gradients and the
     optimizer's two moments (:data:`TRAIN_STATE_COPIES` copies); activations live in the headroom."""
     return parameters * DTYPE_BYTES[dtype] * TRAIN_STATE_COPIES
-
-
-#: Processes one item runs at the same time on the host CPU: its device run and, beside it, its CPU
-#: reference (cpu.reference.ReferenceRun). The CPU check and the judge run after the device run ends.
-CONCURRENT_RUNS_PER_ITEM = 2
-
-
-def usable_cpus() -> int:
-    """CPUs this process may run on (its affinity: a container's or taskset's share, not the host's)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
-def cpu_threads(cpus: int, workers: int) -> int:
-    """Intra-op CPU threads (OMP_NUM_THREADS) for each process run for a model when ``workers`` items
-    run side by side on ``cpus`` usable CPUs: the CPUs shared among their concurrent runs, at least 1.
-
-    Why: torch sizes its thread pool to the whole machine in every process, so workers' runs
-    oversubscribe the CPU, and each parallel op then waits at its barrier for threads that are not
-    scheduled. Measured on a 2-CPU machine with the other CPU busy: a bfloat16 linear (1x64 by 64x768)
-    took 5.5 to 8.4 ms on two threads and 0.19 ms on one; a tiny model's 32-token eager generate()
-    8.3 s against 0.21 s."""
-    return max(1, cpus // (max(1, workers) * CONCURRENT_RUNS_PER_ITEM))
 
 
 def plan_cores(
@@ -824,7 +785,7 @@ def _hub_config_path(model: ModelSpec, local_only: bool = False) -> Path:
             f"cannot inspect {label(model)}: config.json is neither in the Hugging Face cache nor "
             f"downloadable: {brief(exc)}"
         )
-        error.unreachable = is_unreachable(exc)
+        error.unreachable = hub.is_unreachable(exc)
         raise error from exc
     return path
 

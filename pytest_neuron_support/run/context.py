@@ -77,7 +77,7 @@ def session_env(settings: Settings, environ: Mapping[str, str]) -> dict[str, str
       ``HF_HUB_OFFLINE`` as it is;
     - ``OMP_NUM_THREADS`` set to the session's ``settings.cpu_threads`` (``--cpu-threads``): the workers'
       concurrent runs share the CPUs instead of each sizing its thread pool to the whole machine
-      (``planning.cpu_threads`` says what that oversubscription costs). None leaves the user's own."""
+      (``run.threads.cpu_threads`` says what that oversubscription costs). None leaves the user's own."""
     env = dict(environ)
     if settings.hub_unreachable is not None:
         env["HF_HUB_OFFLINE"] = "1"

@@ -24,10 +24,10 @@ from pytest_neuron_support.devices.table import (
     fallback_core_bytes,
     find_device,
 )
-from pytest_neuron_support.planning.planner import cpu_threads, usable_cpus
 from pytest_neuron_support.run import neffcache
 from pytest_neuron_support.run.cores import session_cores
 from pytest_neuron_support.run.settings import Resolved, Settings, read_self_check
+from pytest_neuron_support.run.threads import cpu_threads, usable_cpus
 from pytest_neuron_support.session.keys import lazy_settings_key, options_key, session_id_key, settings_key
 from pytest_neuron_support.session.options import Options
 from pytest_neuron_support.verdict.fluency import DEFAULT_JUDGE
@@ -77,7 +77,7 @@ def resolve_cpu_threads(
 ) -> int | None:
     """``--cpu-threads``; else, where the environment sets OMP_NUM_THREADS, None (the runs inherit the
     user's choice); else the usable CPUs (``cpus``, default :func:`usable_cpus`) shared among the
-    session's workers (``planning.cpu_threads``; ``-n N`` is N workers, none is one). Decided once, on
+    session's workers (``run.threads.cpu_threads``; ``-n N`` is N workers, none is one). Decided once, on
     the controller, which alone knows how many xdist workers there are."""
     if options.cpu_threads is not None:
         return options.cpu_threads

@@ -42,7 +42,6 @@ from pytest_neuron_support.planning.planner import (
     PlanningError,
     brief,
     count_safetensors_parameters,
-    is_unreachable,
     label,
 )
 from pytest_neuron_support.run.context import Job
@@ -187,7 +186,7 @@ def read_pipeline_shape(model: ModelSpec, *, local_only: bool = False) -> ModelS
             f"cannot inspect {label(model)}: model_index.json is neither in the Hugging Face cache nor "
             f"downloadable: {brief(exc)}"
         )
-        error.unreachable = is_unreachable(exc)
+        error.unreachable = hub.is_unreachable(exc)
         raise error from exc
     index = _read_index(path, model)
 

@@ -33,7 +33,7 @@ from pytest_neuron_support.zoo.vlm import _build_vlm
 
 def _workers(jobs: int) -> int:
     """Builder processes: one per CPU this process may use, at most one per checkpoint."""
-    from pytest_neuron_support.planning.planner import usable_cpus
+    from pytest_neuron_support.run.threads import usable_cpus
 
     return max(1, min(usable_cpus(), jobs))
 
