@@ -109,6 +109,8 @@ def _coverage(args: argparse.Namespace) -> int:
         for line in tag_lines(task, every=args.list):
             print(line)
         complete = complete and task.complete
+    if not args.task:
+        complete = _pipeline_coverage(catalog, every=args.list) and complete
     if not complete:
         print(
             f"{args.models_file}: select a checkpoint tagged with each missing architecture, or leave it out with "
@@ -117,6 +119,28 @@ def _coverage(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     return 0 if complete else 1
+
+
+def _pipeline_coverage(catalog: Any, *, every: bool) -> bool:
+    """``coverage``'s account of every transformers pipeline task; False on a stale or contradicted exclusion.
+    A missing task is listed, not failed: the task table grows task by task (docs/tasks.md), and each one
+    missing is said."""
+    from pytest_neuron_support.catalog.coverage import EXCLUDED, MISSING, pipeline_coverage
+
+    tasks = pipeline_coverage(catalog)
+    counts = ", ".join(f"{len(tasks.named(status))} {status}" for status in ("covered", EXCLUDED, MISSING))
+    print(f"pipeline tasks ({tasks.registry}, {len(tasks.tasks)} tasks): {counts}")
+    for task in tasks.tasks if every else tasks.named(MISSING) + tasks.named(EXCLUDED):
+        print(f"  {task.status:<8} {task.name}: {task.said}")
+    for name in tasks.stale:
+        print(
+            f"  stale    {name}: excluded under coverage: pipeline-tasks, but transformers' pipeline has no such task"
+        )
+    for name in tasks.contradictions:
+        print(
+            f"  both     {name}: excluded under coverage: pipeline-tasks, and Selected entries of its task row cover it"
+        )
+    return not (tasks.stale or tasks.contradictions)
 
 
 def _show(args: argparse.Namespace) -> int:
@@ -712,8 +736,9 @@ def build_parser() -> argparse.ArgumentParser:
     update.set_defaults(func=_expect_update)
     cover = sub.add_parser(
         "coverage",
-        help="every architecture the installed transformers/diffusers map for each catalog task: covered by a "
-        "Selected entry, excluded with a reason, or missing (exit 1 when any is missing)",
+        help="every architecture the installed transformers/diffusers map for each catalog task, and every task "
+        "of transformers' pipeline: covered by Selected entries, excluded with a reason, or missing (exit 1 when "
+        "an architecture is missing)",
     )
     cover.add_argument("--models-file", default="models.yaml", help="the catalog (default models.yaml)")
     cover.add_argument("--task", action="append", metavar="TASK", help="only this task (repeatable)")

@@ -150,6 +150,16 @@ def test_the_cli_lists_stale_and_contradicting_exclusions(tmp_path: Path) -> Non
             "m.yaml:11: field 'coverage': 'architectures' must be a non-empty list of names (got 'bert')",
         ),
         (
+            "coverage:\n  pipeline-tasks:\n    - {reason: r, architectures: [fill-mask]}\n",
+            "m.yaml:11: field 'coverage': each group under coverage: pipeline-tasks needs exactly 'reason' and 'tasks'",
+        ),
+        (
+            "coverage:\n  pipeline-tasks:\n    - {reason: r, tasks: [fill-mask]}\n"
+            "    - {reason: s, tasks: [fill-mask]}\n",
+            "m.yaml:12: field 'coverage': pipeline task excluded twice under coverage: pipeline-tasks "
+            "(first at line 11)",
+        ),
+        (
             "coverage:\n  text-generation:\n    - {reason: r, architectures: [bert]}\n"
             "    - {reason: s, architectures: [bart, bert]}\n",
             "m.yaml:12: field 'coverage': architecture excluded twice under coverage: text-generation "
@@ -303,3 +313,44 @@ def test_a_diffusers_tag_is_checked_against_the_family_autopipeline_files_its_cl
     assert check_tag("org/k22", "kandinsky22", decoder, "diffusers", mapping).status == VERIFIED
     unread = check_tag("org/x", "flux", Reading(None, error="offline"), "diffusers", mapping)
     assert unread.status == UNVERIFIED and "model_index.json's _class_name not read (offline)" in unread.describe()
+
+
+def test_every_task_of_the_installed_pipeline_is_covered_excluded_or_missing() -> None:
+    from transformers.pipelines import SUPPORTED_TASKS
+
+    done = run_coverage()
+    line = next(line for line in done.stdout.splitlines() if line.startswith("pipeline tasks ("))
+    found = re.fullmatch(
+        r"pipeline tasks \(transformers [^ ]+ SUPPORTED_TASKS, (\d+) tasks\): "
+        r"(\d+) covered, (\d+) excluded, (\d+) missing",
+        line,
+    )
+    assert found is not None, line
+    total, covered, excluded, missing = map(int, found.groups())
+    assert total == len(SUPPORTED_TASKS) == covered + excluded + missing
+    # The tasks with a row and Selected entries are covered; each other one is listed with why.
+    listed = {m[1]: m[0] for m in re.findall(r"^  (missing|excluded) +([a-z-]+): ", done.stdout, flags=re.M)}
+    assert len(listed) == excluded + missing
+    assert listed["fill-mask"] == "missing" and "text-generation" not in listed
+    assert covered >= 3  # text generation, image-text-to-text, automatic speech recognition
+    assert not set(listed) & {"text-generation", "image-text-to-text", "automatic-speech-recognition"}
+
+
+def test_a_pipeline_task_left_out_says_why_and_a_stale_or_contradicting_one_fails(tmp_path: Path) -> None:
+    from pytest_neuron_support.catalog.coverage import pipeline_coverage
+
+    section = (
+        "coverage:\n  pipeline-tasks:\n    - reason: needs an environment to act in\n"
+        "      tasks: [decision, no-such-task, text-generation]\n"
+    )
+    (tmp_path / "m.yaml").write_text(catalog_with(section))
+    found = pipeline_coverage(load_catalog(tmp_path / "m.yaml"))
+    by_name = {task.name: task for task in found.tasks}
+    assert (by_name["decision"].status, by_name["decision"].said) == (EXCLUDED, "needs an environment to act in")
+    assert by_name["text-generation"].status == COVERED and found.contradictions == ("text-generation",)
+    assert found.stale == ("no-such-task",) and "no-such-task" not in by_name
+    done = run_coverage("--models-file=m.yaml", cwd=tmp_path)
+    assert done.returncode == 1
+    assert "  excluded decision: needs an environment to act in" in done.stdout
+    assert "  stale    no-such-task: excluded under coverage: pipeline-tasks" in done.stdout
+    assert "  both     text-generation: excluded under coverage: pipeline-tasks" in done.stdout

@@ -245,6 +245,70 @@ def coverage(catalog: Catalog, tasks: Sequence[str] | None = None) -> list[TaskC
     return [task_coverage(catalog, name, readings) for name in wanted]
 
 
+#: Where the installed transformers lists the tasks ``transformers.pipeline(task)`` takes.
+PIPELINE_REGISTRY = ("transformers.pipelines", "SUPPORTED_TASKS")
+
+
+@dataclass(frozen=True)
+class PipelineTask:
+    """One task of the installed transformers' pipeline, against the catalog.
+
+    Attributes:
+        name: the pipeline task (``fill-mask``).
+        status: covered (the suite has a task row of that name and the catalog Selected entries of it),
+            excluded (the catalog's ``coverage: pipeline-tasks:`` leaves it out) or missing.
+        said: the entries that cover it, the exclusion's reason, or why it is missing.
+    """
+
+    name: str
+    status: str
+    said: str
+
+
+@dataclass(frozen=True)
+class PipelineCoverage:
+    """Every task of the installed transformers' pipeline (:data:`PIPELINE_REGISTRY`), covered, excluded or
+    missing; ``stale``: exclusions naming a task the installed transformers has not; ``contradictions``:
+    exclusions of a covered task."""
+
+    registry: str
+    tasks: tuple[PipelineTask, ...]
+    stale: tuple[str, ...] = ()
+    contradictions: tuple[str, ...] = ()
+
+    def named(self, status: str) -> tuple[PipelineTask, ...]:
+        return tuple(t for t in self.tasks if t.status == status)
+
+
+def pipeline_coverage(catalog: Catalog) -> PipelineCoverage:
+    """Where ``catalog`` stands on each task the installed ``transformers.pipeline`` takes. A task is covered
+    only by a row of the suite's task table with Selected entries: a task with no row is missing, however many
+    architectures it has, until its row and its checkpoints are added or the catalog says why not."""
+    module_name, mapping_name = PIPELINE_REGISTRY
+    supported = getattr(importlib.import_module(module_name), mapping_name)
+    version = importlib.import_module("transformers").__version__
+    excluded = catalog.pipeline_coverage
+    tasks = []
+    for name in sorted(supported):
+        selected = [m.id for m in catalog.models if m.task == name and m.exclude is None]
+        if name in TASKS and selected:
+            shown = ", ".join(selected[:3]) + (f" and {len(selected) - 3} more" if len(selected) > 3 else "")
+            tasks.append(PipelineTask(name, COVERED, shown))
+        elif name in excluded:
+            tasks.append(PipelineTask(name, EXCLUDED, excluded[name]))
+        elif name in TASKS:
+            tasks.append(PipelineTask(name, MISSING, "the suite has its task row, but no Selected entry of it"))
+        else:
+            tasks.append(PipelineTask(name, MISSING, "no task row in the suite's task table (tasks/table.py)"))
+    covered = {t.name for t in tasks if t.status == COVERED}
+    return PipelineCoverage(
+        registry=f"transformers {version} {mapping_name}",
+        tasks=tuple(tasks),
+        stale=tuple(sorted(set(excluded) - set(supported))),
+        contradictions=tuple(sorted(set(excluded) & covered)),
+    )
+
+
 def covering_entries(catalog: Catalog, task: str) -> list[ModelSpec]:
     """The Selected entries of ``task`` that carry one of its registry's names as a tag: those whose
     checkpoint is read."""

@@ -124,6 +124,8 @@ class Catalog:
         coverage: the architectures the catalog deliberately leaves out, per task (top-level
             ``coverage: {<task>: [{reason, architectures: [...]}, ...]}``): architecture -> reason.
             ``neuron-support coverage`` (catalog/coverage.py) marks them excluded.
+        pipeline_coverage: the installed transformers' pipeline tasks the catalog deliberately leaves out
+            (``coverage: {pipeline-tasks: [{reason, tasks: [...]}, ...]}``): task -> reason.
     """
 
     path: Path
@@ -131,6 +133,7 @@ class Catalog:
     judge_model: str | None = None
     judge_revision: str = DEFAULT_REVISION
     coverage: Mapping[str, Mapping[str, str]] = field(default_factory=lambda: MappingProxyType({}))
+    pipeline_coverage: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
 
 def load_catalog(path: Path) -> Catalog:
@@ -166,13 +169,14 @@ def parse_catalog(text: str, shown: str, path: Path | None = None) -> Catalog:
     models_node: yaml.Node | None = None
     judge: tuple[str | None, str] = (None, DEFAULT_REVISION)
     coverage: Mapping[str, Mapping[str, str]] = MappingProxyType({})
+    pipeline_coverage: Mapping[str, str] = MappingProxyType({})
     source = "catalog"
     for key_node, value_node in root.value:
         if key_node.value == "judge":
             judge = _parse_judge(value_node, shown)
             continue
         if key_node.value == "coverage":
-            coverage = _parse_coverage(value_node, shown)
+            coverage, pipeline_coverage = _parse_coverage(value_node, shown)
             continue
         if key_node.value == "source":
             source = _construct(value_node)
@@ -221,6 +225,7 @@ def parse_catalog(text: str, shown: str, path: Path | None = None) -> Catalog:
         judge_model=judge[0],
         judge_revision=judge[1],
         coverage=coverage,
+        pipeline_coverage=pipeline_coverage,
     )
 
 
@@ -230,16 +235,25 @@ COVERAGE_EXAMPLE = (
 )
 
 
-def _parse_coverage(node: yaml.Node, shown: str) -> Mapping[str, Mapping[str, str]]:
-    """The top-level ``coverage:``: per task, groups of architectures left out with one reason each."""
+#: The ``coverage:`` key whose groups leave out transformers pipeline tasks (``tasks:``), not architectures.
+PIPELINE_TASKS_KEY = "pipeline-tasks"
+
+
+def _parse_coverage(node: yaml.Node, shown: str) -> tuple[Mapping[str, Mapping[str, str]], Mapping[str, str]]:
+    """The top-level ``coverage:``: per task, groups of architectures left out with one reason each; under
+    :data:`PIPELINE_TASKS_KEY`, groups of transformers pipeline tasks left out with one reason each."""
     if not isinstance(node, yaml.MappingNode):
         raise CatalogError(
             shown, "'coverage' must be a mapping of tasks", line=node.start_mark.line + 1, fix=COVERAGE_EXAMPLE
         )
     tracked = [name for name, task in TASK_TABLE.items() if task.registry is not None]
     coverage: dict[str, Mapping[str, str]] = {}
+    pipeline_tasks: Mapping[str, str] = MappingProxyType({})
     for task_node, groups_node in node.value:
         task, line = task_node.value, task_node.start_mark.line + 1
+        if task == PIPELINE_TASKS_KEY:
+            pipeline_tasks = MappingProxyType(_exclusion_groups(groups_node, shown, task, line, "tasks"))
+            continue
         if task not in tracked:
             raise CatalogError(
                 shown,
@@ -249,56 +263,70 @@ def _parse_coverage(node: yaml.Node, shown: str) -> Mapping[str, Mapping[str, st
                 value=task,
                 fix=f"use one of {', '.join(tracked)}",
             )
-        if not isinstance(groups_node, yaml.SequenceNode):
+        coverage[task] = MappingProxyType(_exclusion_groups(groups_node, shown, task, line, "architectures"))
+    return MappingProxyType(coverage), pipeline_tasks
+
+
+def _exclusion_groups(groups_node: yaml.Node, shown: str, task: str, line: int, listed: str) -> dict[str, str]:
+    """One ``coverage:`` key's groups, each exactly a ``reason`` and a non-empty ``listed`` list of names
+    (``architectures``, or ``tasks`` under :data:`PIPELINE_TASKS_KEY`): name -> reason."""
+    example = (
+        COVERAGE_EXAMPLE
+        if listed == "architectures"
+        else f"write 'coverage:' then '  {PIPELINE_TASKS_KEY}:' then '    - {{reason: \"why\", tasks: [decision]}}'"
+    )
+    what = "architecture" if listed == "architectures" else "pipeline task"
+    if not isinstance(groups_node, yaml.SequenceNode):
+        raise CatalogError(
+            shown, f"coverage of {task} must be a list of groups", line=line, field="coverage", fix=example
+        )
+    reasons: dict[str, str] = {}
+    first: dict[str, int] = {}
+    for group_node in groups_node.value:
+        group, at = _construct(group_node), group_node.start_mark.line + 1
+        if not isinstance(group, dict) or set(group) != {"reason", listed}:
             raise CatalogError(
-                shown, f"coverage of {task} must be a list of groups", line=line, field="coverage", fix=COVERAGE_EXAMPLE
+                shown,
+                f"each group under coverage: {task} needs exactly 'reason' and '{listed}'",
+                line=at,
+                field="coverage",
+                value=group,
+                fix=example,
             )
-        reasons: dict[str, str] = {}
-        first: dict[str, int] = {}
-        for group_node in groups_node.value:
-            group, at = _construct(group_node), group_node.start_mark.line + 1
-            if not isinstance(group, dict) or set(group) != {"reason", "architectures"}:
+        reason, names = group["reason"], group[listed]
+        if not isinstance(reason, str) or not reason.strip():
+            raise CatalogError(
+                shown,
+                "a coverage exclusion needs its reason",
+                line=at,
+                field="coverage",
+                value=reason,
+                fix=f"say why these {what}s are left out",
+            )
+        if not isinstance(names, list) or not names or not all(isinstance(n, str) and n for n in names):
+            raise CatalogError(
+                shown,
+                f"'{listed}' must be a non-empty list of names",
+                line=at,
+                field="coverage",
+                value=names,
+                fix="list model_type names, e.g. [bert, bart]"
+                if listed == "architectures"
+                else "list pipeline task names",
+            )
+        for name in names:
+            if name in first:
                 raise CatalogError(
                     shown,
-                    f"each group under coverage: {task} needs exactly 'reason' and 'architectures'",
+                    f"{what} excluded twice under coverage: {task} (first at line {first[name]})",
                     line=at,
                     field="coverage",
-                    value=group,
-                    fix=COVERAGE_EXAMPLE,
+                    value=name,
+                    fix=f"list each {what} in one group",
                 )
-            reason, names = group["reason"], group["architectures"]
-            if not isinstance(reason, str) or not reason.strip():
-                raise CatalogError(
-                    shown,
-                    "a coverage exclusion needs its reason",
-                    line=at,
-                    field="coverage",
-                    value=reason,
-                    fix="say why these architectures are left out",
-                )
-            if not isinstance(names, list) or not names or not all(isinstance(n, str) and n for n in names):
-                raise CatalogError(
-                    shown,
-                    "'architectures' must be a non-empty list of names",
-                    line=at,
-                    field="coverage",
-                    value=names,
-                    fix="list model_type names, e.g. [bert, bart]",
-                )
-            for name in names:
-                if name in first:
-                    raise CatalogError(
-                        shown,
-                        f"architecture excluded twice under coverage: {task} (first at line {first[name]})",
-                        line=at,
-                        field="coverage",
-                        value=name,
-                        fix="list each architecture in one group",
-                    )
-                first[name] = at
-                reasons[name] = reason.strip()
-        coverage[task] = MappingProxyType(reasons)
-    return MappingProxyType(coverage)
+            first[name] = at
+            reasons[name] = reason.strip()
+    return reasons
 
 
 def _parse_judge(node: yaml.Node, shown: str) -> tuple[str | None, str]:
