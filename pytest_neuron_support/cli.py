@@ -9,7 +9,10 @@ import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the CLI imports its commands' modules lazily, when a command runs
+    from pytest_neuron_support.catalog.load import Catalog
 
 
 def _zoo_build(args: argparse.Namespace) -> int:
@@ -121,7 +124,7 @@ def _coverage(args: argparse.Namespace) -> int:
     return 0 if complete else 1
 
 
-def _pipeline_coverage(catalog: Any, *, every: bool) -> bool:
+def _pipeline_coverage(catalog: Catalog, *, every: bool) -> bool:
     """``coverage``'s account of every transformers pipeline task; False on a stale or contradicted exclusion.
     A missing task is listed, not failed: the task table grows task by task (docs/tasks.md), and each one
     missing is said."""

@@ -113,17 +113,25 @@ def forced_check(
     cached = cache.get(key, commit, local=is_local(spec.model)) if cache is not None else None
     if cached is not None:
         return ForcedCheck(teacher_forced(cached["forced"], device_top), "cached", 0.0)
+    checked, wall_s, failure = run_cpu_check(job, spec, "teacher-forced CPU check run.py")
+    if checked is None:
+        return ForcedCheck(None, "ran", wall_s, failure)
+    if cache is not None:
+        cache.put(key, checked)
+    return ForcedCheck(teacher_forced(checked["forced"], device_top), "ran", wall_s)
+
+
+def run_cpu_check(job: Job, spec: RunSpec, what: str) -> tuple[Mapping[str, Any] | None, float, tuple[str, str] | None]:
+    """Run a CPU check's run.py ``spec`` in ``job``'s ``cpu-check`` folder: (its result, its seconds, None), or
+    (None, its seconds, (result, error)) when it did not finish, the error naming ``what`` and scrubbed of the
+    job's secrets. The teacher-forced checks of tokens and of a pipeline's stages both run this way."""
     _, outcome = job.execute(spec, "cpu-check", job.cpu_env())
     wall_s = round(outcome.wall_s, 3)
     checked = outcome.result
     if checked is None or not checked.get("ok"):
-        status, _, error = failure_of(
-            outcome, "teacher-forced CPU check run.py", offline=settings.hub_unreachable, checkpoint=job.model.id
-        )
-        return ForcedCheck(None, "ran", wall_s, (status, scrub(error, job.environ) or ""))
-    if cache is not None:
-        cache.put(key, checked)
-    return ForcedCheck(teacher_forced(checked["forced"], device_top), "ran", wall_s)
+        status, _, error = failure_of(outcome, what, offline=job.settings.hub_unreachable, checkpoint=job.model.id)
+        return None, wall_s, (status, scrub(error, job.environ) or "")
+    return checked, wall_s, None
 
 
 def forced_spec(reference: RunSpec, tokens: tuple[int, ...], prefix: Sequence[int] | None = None) -> RunSpec:

@@ -11,10 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from pytest_neuron_support.base.redaction import scrub
-from pytest_neuron_support.cpu.forced import memory_shortfall
+from pytest_neuron_support.cpu.forced import memory_shortfall, run_cpu_check
 from pytest_neuron_support.run.context import Job
-from pytest_neuron_support.run.execution import failure_of
 from pytest_neuron_support.run.runscript import RunSpec
 from pytest_neuron_support.verdict.tolerance import Calibrated, calibrated
 
@@ -51,15 +49,7 @@ def stages_check(job: Job, spec: RunSpec, parameters: int | None) -> StagesCheck
     short = memory_shortfall(parameters, "float32", job.settings)
     if short is not None:
         return StagesCheck(None, f"skipped: {short}", None)
-    _, outcome = job.execute(spec, "cpu-check", job.cpu_env())
-    wall_s = round(outcome.wall_s, 3)
-    checked = outcome.result
-    if checked is None or not checked.get("ok"):
-        status, _, error = failure_of(
-            outcome,
-            "teacher-forced pipeline check run.py",
-            offline=job.settings.hub_unreachable,
-            checkpoint=job.model.id,
-        )
-        return StagesCheck(None, "ran", wall_s, (status, scrub(error, job.environ) or ""))
+    checked, wall_s, failure = run_cpu_check(job, spec, "teacher-forced pipeline check run.py")
+    if checked is None:
+        return StagesCheck(None, "ran", wall_s, failure)
     return StagesCheck(calibrated(checked.get("stages") or (), checked.get("calls")), "ran", wall_s)
