@@ -426,10 +426,10 @@ def _plan(args: argparse.Namespace) -> int:
     """Which trn2 sizes hold each model, on how many cores and why, and why not where it does not fit:
     the planner's own rules (:func:`.planning.instance_plan`) on what the cache or the Hub API says of
     the model, without downloading a weight."""
+    from pytest_neuron_support import hub
     from pytest_neuron_support.base.model import ModelSpec
     from pytest_neuron_support.catalog.load import is_hub_id
     from pytest_neuron_support.checks.plan import not_cached_offline
-    from pytest_neuron_support.data import hub
     from pytest_neuron_support.planning.planner import (
         CORE_CHOICES,
         DTYPE_BYTES,
@@ -541,7 +541,7 @@ def _catalog_tasks(models_file: str | None) -> dict[str, str] | str:
 def _pipeline_task(model_id: str, local: bool, revision: str) -> str:
     """``text-to-image`` for a diffusers pipeline (its model_index.json in the folder or the Hub cache),
     else the default task; a model that is neither is named with --task."""
-    from pytest_neuron_support.data import hub
+    from pytest_neuron_support import hub
 
     index = "model_index.json"
     found = (Path(model_id) / index).is_file() if local else hub.cached_file(model_id, index, revision=revision)
@@ -549,8 +549,8 @@ def _pipeline_task(model_id: str, local: bool, revision: str) -> str:
 
 
 def _report(args: argparse.Namespace) -> int:
+    from pytest_neuron_support import hub
     from pytest_neuron_support.catalog.load import CatalogError, load_catalog
-    from pytest_neuron_support.data import hub
     from pytest_neuron_support.data.dataset import NoDataset, require_dataset
     from pytest_neuron_support.viewer.report import live_hub_view, no_hub_view, snapshot_hub_view, write_report
 

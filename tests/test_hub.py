@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from hubserver import HubServer, ModelRecord
 
-from pytest_neuron_support.data import hub
+from pytest_neuron_support import hub
 from pytest_neuron_support.tasks.table import RANKED_TASKS
 
 CANARY = "hf_CanaryTokenDoNotLeak0123456789"
@@ -331,8 +331,7 @@ def test_fetch_all_stops_asking_when_its_deadline_has_passed(hub_server: HubServ
 def test_offline_mode_is_reported_not_raised(tmp_path: Path) -> None:
     # HF_HUB_OFFLINE is read at import, so only a fresh interpreter can show this.
     script = (
-        "from pytest_neuron_support.data import hub\n"
-        "r = hub.fetch_ranking('text-generation', 'trending')\nprint(r.error)\n"
+        "from pytest_neuron_support import hub\nr = hub.fetch_ranking('text-generation', 'trending')\nprint(r.error)\n"
     )
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_ENDPOINT": f"http://127.0.0.1:{closed_port()}"}
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60)

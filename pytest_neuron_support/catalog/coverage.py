@@ -34,9 +34,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from pytest_neuron_support import hub
 from pytest_neuron_support.base.model import ModelSpec
 from pytest_neuron_support.catalog.load import Catalog
-from pytest_neuron_support.data import hub
 from pytest_neuron_support.tasks.table import TASKS
 
 COVERED, EXCLUDED, MISSING = "covered", "excluded", "missing"

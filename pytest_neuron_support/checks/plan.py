@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
+from pytest_neuron_support import hub
 from pytest_neuron_support.base.model import ModelSpec
 from pytest_neuron_support.checks.registry import KINDS
-from pytest_neuron_support.data import hub
 from pytest_neuron_support.planning.planner import Plan, PlanningError, plan_cores
 from pytest_neuron_support.run.settings import Settings
 from pytest_neuron_support.tasks.table import task_of

@@ -35,9 +35,9 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from pytest_neuron_support import hub
 from pytest_neuron_support.base.model import CORE_COUNTS, ModelSpec
 from pytest_neuron_support.base.storage import cache_home, write_atomic
-from pytest_neuron_support.data import hub
 from pytest_neuron_support.devices.table import TRN2_LOGICAL_CORE_BYTES
 
 GIB = 1 << 30

@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
+from pytest_neuron_support import hub
 from pytest_neuron_support.base.model import ModelSpec
 from pytest_neuron_support.checks.plan import plan_checks, prior_seconds
 from pytest_neuron_support.checks.registry import KINDS, check_of, checks_of, item_name, model_id_of
 from pytest_neuron_support.checks.rows import gate
-from pytest_neuron_support.data import hub
 from pytest_neuron_support.data.dataset import expected_seconds_from_dataset
 from pytest_neuron_support.planning.planner import Plan, describe_plan
 from pytest_neuron_support.session import suite

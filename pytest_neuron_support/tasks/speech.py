@@ -22,8 +22,8 @@ from typing import Any, ClassVar
 
 from pytest_neuron_support.base.model import ModelSpec
 from pytest_neuron_support.cpu.reference import ReferenceRun
-from pytest_neuron_support.data.hub import cached_file
 from pytest_neuron_support.data.records import Row
+from pytest_neuron_support.hub import cached_file
 from pytest_neuron_support.run.context import Job
 from pytest_neuron_support.tasks.generation import TextGeneration
 from pytest_neuron_support.verdict import decide

@@ -31,11 +31,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar
 
+from pytest_neuron_support import hub
 from pytest_neuron_support.base.model import DEFAULT_PROMPT, ModelSpec
 from pytest_neuron_support.base.storage import write_atomic
 from pytest_neuron_support.cpu.reference import ReferenceRun
 from pytest_neuron_support.cpu.stages import stages_check, stages_spec
-from pytest_neuron_support.data import hub
 from pytest_neuron_support.data.records import Row
 from pytest_neuron_support.planning.planner import (
     ModelShape,

@@ -44,7 +44,6 @@ from pytest_neuron_support.catalog.load import TASKS as CATALOG_TASKS
 from pytest_neuron_support.catalog.load import Catalog
 from pytest_neuron_support.checks.registry import CHECKS
 from pytest_neuron_support.data.dataset import near_tie_pass, read_dataset, stack_stem
-from pytest_neuron_support.data.hub import HubError, HubRanking, fetch_all, load_snapshot, save_snapshot
 from pytest_neuron_support.data.records import (
     COLUMN_DOCS,
     COLUMN_LABELS,
@@ -56,6 +55,7 @@ from pytest_neuron_support.data.records import (
 )
 from pytest_neuron_support.data.signatures import blockers
 from pytest_neuron_support.devices.table import DEVICES
+from pytest_neuron_support.hub import HubError, HubRanking, fetch_all, load_snapshot, save_snapshot
 from pytest_neuron_support.run import neffcache
 from pytest_neuron_support.run.runscript import template
 from pytest_neuron_support.tasks.table import RANKED_TASKS

@@ -34,21 +34,24 @@ cheap.
 from __future__ import annotations
 
 import json
-import logging
-import os
-import re
-import socket
-import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal, TypeVar
-from urllib.parse import urlsplit, urlunsplit
 
-from pytest_neuron_support.base.redaction import scrub
 from pytest_neuron_support.base.storage import write_atomic
+from pytest_neuron_support.hub.reach import (
+    HubError,
+    describe,
+    hub_endpoint,
+    offline,
+    scrub_token,
+    unreachable,
+    with_deadline,
+    without_credentials,
+)
 
 # Subsets of huggingface_hub's ModelSort_T and ExpandModelProperty_T, spelled out here so that
 # type-checking the calls does not need the client imported at module level.
@@ -71,9 +74,6 @@ EXPAND: tuple[_Expand, ...] = (
 )
 
 DEFAULT_TIMEOUT_S = 60.0
-# Seconds to open a connection to the Hub before it counts as unreachable: a refused port or a
-# failed DNS lookup answers at once; a network that drops packets is given this long.
-REACH_TIMEOUT_S = 3.0
 # Two minutes for all four rankings: enough for the client to exhaust its retries on one ranking
 # (about 23 s) for each, short enough that a viewer build with the Hub down still finishes.
 DEFAULT_TOTAL_TIMEOUT_S = 120.0
@@ -81,17 +81,7 @@ DEFAULT_TOTAL_TIMEOUT_S = 120.0
 SNAPSHOT_FORMAT = "neuron-support/hub-rankings"
 SNAPSHOT_VERSION = 1
 
-# User access tokens start with "hf_"; anything shaped like one is scrubbed from error texts even
-# when it is not the token we were given (the client may have picked one up from HF_TOKEN).
-_TOKEN_PATTERN = re.compile(r"hf_[A-Za-z0-9]{16,}")
-# The "user:password@" of a URL quoted in an error text (the client logs full URLs).
-_USERINFO_PATTERN = re.compile(r"//[^/@\s]+@")
-
 _T = TypeVar("_T")
-
-
-class HubError(Exception):
-    """A snapshot (or a dict meant to become a ranking) is malformed or of an unsupported version."""
 
 
 @dataclass(frozen=True)
@@ -221,62 +211,6 @@ class HubRanking:
         )
 
 
-def hub_endpoint() -> str:
-    """The endpoint the client should ask: ``HF_ENDPOINT`` as set now, else the client's default.
-
-    The client's default (``huggingface_hub.constants.ENDPOINT``) is read from ``HF_ENDPOINT`` at
-    import time, so it is only the fallback: a test or a CLI run that sets the variable later
-    still gets the server it named.
-    """
-    from huggingface_hub import constants
-
-    configured = os.environ.get("HF_ENDPOINT", "").strip().rstrip("/")
-    return configured or str(constants.ENDPOINT)
-
-
-def _offline() -> bool:
-    """HF_HUB_OFFLINE as the client reads it: once, at its import (what the client then does)."""
-    from huggingface_hub import constants
-
-    return bool(constants.HF_HUB_OFFLINE)
-
-
-def is_unreachable(exc: BaseException) -> bool:
-    """True when the Hub could not be reached at all (refused, no route, DNS, timeout)."""
-    seen: BaseException | None = exc
-    while seen is not None:
-        name = type(seen).__name__
-        if "Connect" in name or "Timeout" in name or isinstance(seen, ConnectionError):
-            return True
-        text = str(seen)
-        if "Connection refused" in text or "Name or service not known" in text or "Temporary failure" in text:
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return False
-
-
-def unreachable(timeout_s: float = REACH_TIMEOUT_S) -> str | None:
-    """Why the Hub cannot be asked now, in one short line; None when a connection to it opens.
-
-    ``HF_HUB_OFFLINE=1``, or the endpoint's host and port refusing, failing to resolve or not
-    answering within ``timeout_s``. Asked once before a batch of Hub calls, so that a machine
-    without network gives up in seconds, instead of sitting through the client's retries (about
-    23 s per request) model after model.
-    """
-    if _offline():
-        return "HF_HUB_OFFLINE=1"
-    endpoint = hub_endpoint()
-    parts = urlsplit(endpoint)
-    host = parts.hostname or ""
-    port = parts.port or (443 if parts.scheme == "https" else 80)
-    try:
-        socket.create_connection((host, port), timeout=timeout_s).close()
-    except OSError as exc:
-        reason = exc.strerror or str(exc) or type(exc).__name__
-        return f"{_without_credentials(endpoint)} is unreachable ({reason})"
-    return None
-
-
 def fetch_ranking(
     task: str,
     sort: str,
@@ -316,18 +250,18 @@ def fetch_ranking(
     models: tuple[HubModel, ...] = ()
     error: str | None = None
     try:
-        models = tuple(_with_deadline(ask, timeout_s, f"{_without_credentials(endpoint)}/api/models"))
+        models = tuple(with_deadline(ask, timeout_s, f"{without_credentials(endpoint)}/api/models"))
     # The client's failures come from its HTTP library (httpx2 in huggingface_hub 2.x, httpx in
     # 1.x, requests before), from its own HfHubHTTPError, from offline mode, or from a payload it
     # cannot parse; naming them would pin one client version, and each means the same to the
     # viewer: no ranking this time, and the message says why.
     except Exception as exc:
-        error = _scrub(_describe(exc), token)
+        error = scrub_token(describe(exc), token)
     return HubRanking(
         task=task,
         sort=sort,
         fetched_at=fetched_at,
-        endpoint=_without_credentials(endpoint),
+        endpoint=without_credentials(endpoint),
         elapsed_s=round(time.monotonic() - started, 3),
         models=models,
         error=error,
@@ -353,7 +287,7 @@ def fetch_all(
     rankings: list[HubRanking] = []
     # Offline mode is the client's to report (each ranking says OfflineModeIsEnabled); a Hub that
     # cannot be reached at all is said once, at once, for every ranking.
-    down = None if _offline() else unreachable()
+    down = None if offline() else unreachable()
     for task in tasks:
         for sort in SORTS:
             remaining = deadline - time.monotonic()
@@ -363,7 +297,7 @@ def fetch_all(
                         task=task,
                         sort=sort,
                         fetched_at=_utc_now(),
-                        endpoint=_without_credentials(hub_endpoint()),
+                        endpoint=without_credentials(hub_endpoint()),
                         elapsed_s=0.0,
                         models=(),
                         error=f"not fetched: {down}"
@@ -409,123 +343,6 @@ def load_snapshot(path: Path) -> list[HubRanking]:
         raise HubError(f"{path}: {exc}") from exc
 
 
-# --- helpers -----------------------------------------------------------------------------------
-
-
-class _RetryNotes(logging.Handler):
-    """Keeps the client's last "... thrown while requesting ..." warning logged by one thread.
-
-    The client swallows the failures it retries and only logs them; when the deadline passes
-    mid-retry these notes are the only record of what went wrong (a 503, a refused connection).
-    """
-
-    def __init__(self, thread_name: str) -> None:
-        super().__init__(logging.WARNING)
-        self.thread_name = thread_name
-        self.last: str | None = None
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if record.threadName == self.thread_name:
-            message = record.getMessage()
-            if "thrown while requesting" in message:
-                self.last = message
-
-
-_fetch_counter = 0
-_fetch_counter_lock = threading.Lock()
-
-
-def _with_deadline(call: Callable[[], _T], timeout_s: float, what: str) -> _T:
-    """``call()``'s result or exception, or TimeoutError once ``timeout_s`` seconds have passed.
-
-    The call runs in a daemon thread because the client cannot be interrupted: it sleeps between
-    retries and sets no read timeout on listings. A call still running at the deadline is left to
-    finish (or fail) on its own; a daemon thread never holds up interpreter exit.
-    """
-    global _fetch_counter
-    with _fetch_counter_lock:
-        _fetch_counter += 1
-        name = f"neuron-support-hub-fetch-{_fetch_counter}"
-    outcome: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            outcome["value"] = call()
-        except BaseException as exc:  # handed to the caller's thread, which decides
-            outcome["error"] = exc
-
-    notes = _RetryNotes(name)
-    client_logger = logging.getLogger("huggingface_hub")
-    client_logger.addHandler(notes)
-    try:
-        worker = threading.Thread(target=run, name=name, daemon=True)
-        worker.start()
-        worker.join(timeout_s)
-    finally:
-        client_logger.removeHandler(notes)
-    if worker.is_alive():
-        detail = f"; the client was retrying after: {notes.last}" if notes.last else ""
-        raise TimeoutError(f"no answer from {what} within {timeout_s:.3g} s{detail}")
-    if "error" in outcome:
-        raise outcome["error"]
-    value: _T = outcome["value"]
-    return value
-
-
-def _describe(exc: BaseException) -> str:
-    """A one-paragraph account of a failed fetch: status and server text for HTTP errors."""
-    if isinstance(exc, TimeoutError) and str(exc).startswith("no answer from"):
-        return str(exc)
-    response = getattr(exc, "response", None)
-    status = getattr(response, "status_code", None)
-    if response is not None and isinstance(status, int):
-        reason = str(getattr(response, "reason_phrase", "") or "").strip()
-        try:
-            url: object = response.request.url
-        # httpx-style responses raise RuntimeError when built without a request (never from the
-        # client itself, but a missing URL must not turn a described error into a crash).
-        except (AttributeError, RuntimeError):
-            url = None
-        where = f" from {_without_query(str(url))}" if url is not None else ""
-        server = getattr(exc, "server_message", None)
-        text = str(server).strip() if server else _first_line(str(exc))
-        return f"HTTP {status}{' ' + reason if reason else ''}{where}: {text}"
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
-def _scrub(text: str, token: str | None) -> str:
-    if token:
-        text = text.replace(token, "***")
-    # token=None lets the client send HF_TOKEN (or another secret variable) itself: mask those values
-    # too, whatever their shape (the pattern below knows only user tokens, hf_...).
-    text = scrub(text) or ""
-    text = _USERINFO_PATTERN.sub("//", text)
-    return _TOKEN_PATTERN.sub("hf_***", text)
-
-
-def _without_credentials(url: str) -> str:
-    """``url`` without any ``user:password@`` part (an HF_ENDPOINT proxy URL may carry one)."""
-    parts = urlsplit(url)
-    if parts.username is None and parts.password is None:
-        return url
-    host = parts.hostname or ""
-    netloc = f"{host}:{parts.port}" if parts.port is not None else host
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
-
-
-def _without_query(url: str) -> str:
-    parts = urlsplit(_without_credentials(url))
-    return urlunsplit((parts.scheme, parts.netloc, parts.path, "", ""))
-
-
-def _first_line(text: str) -> str:
-    for line in text.splitlines():
-        if line.strip():
-            return line.strip()
-    return text.strip()
-
-
 def _utc_now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
@@ -559,70 +376,3 @@ def _optional_float(data: Mapping[str, Any], key: str) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise HubError(f"field {key!r} must be a number or null (got {value!r})")
     return float(value)
-
-
-# --------------------------------------------------------------------------------------------------
-# Files and safetensors metadata of one repository (the planner's questions)
-# --------------------------------------------------------------------------------------------------
-
-
-def download_file(repo_id: str, filename: str, *, revision: str | None, local_only: bool = False) -> Path:
-    """``filename`` of ``repo_id`` from the Hugging Face cache, downloaded if it is not there (unless
-    ``local_only``). Raises what huggingface_hub raises (offline and not cached, not found, gated, HTTP)."""
-    from huggingface_hub import hf_hub_download
-
-    path = hf_hub_download(repo_id, filename, revision=revision, local_files_only=local_only)
-    if not isinstance(path, str):
-        raise HubError(f"{repo_id}: hf_hub_download returned no file for {filename}")
-    return Path(path)
-
-
-def cached_file(repo_id: str, filename: str, *, revision: str | None) -> Path | None:
-    """``filename`` of ``repo_id`` when it is already in the Hugging Face cache, else None (never a
-    request)."""
-    from huggingface_hub import try_to_load_from_cache
-
-    # A path only when the file is cached; None or a "known missing" sentinel otherwise.
-    found = try_to_load_from_cache(repo_id, filename, revision=revision)
-    return Path(found) if isinstance(found, str) else None
-
-
-def safetensors_parameters(
-    repo_id: str,
-    *,
-    revision: str | None,
-    count: Callable[[str, str, list[int]], int],
-    is_expert: Callable[[str], bool],
-) -> tuple[int, int]:
-    """(parameters, expert parameters) of ``repo_id`` from the Hub's safetensors metadata API (the
-    headers only, no weights): each tensor counts ``count(name, dtype, shape)`` weights, as an
-    expert's when ``is_expert(name)``. The metadata's own ``parameter_count`` is the header's elements,
-    which is not the weights a packed dtype loads as."""
-    from huggingface_hub import get_safetensors_metadata
-
-    metadata = get_safetensors_metadata(repo_id, revision=revision)
-    total = experts = 0
-    for file in metadata.files_metadata.values():
-        for name, tensor in file.tensors.items():
-            weights = count(name, str(tensor.dtype), list(tensor.shape))
-            total += weights
-            experts += weights if is_expert(name) else 0
-    return total, experts
-
-
-def repo_files(repo_id: str, *, revision: str | None) -> list[str]:
-    """Every file of ``repo_id`` at ``revision``, as the model's info lists them (its ``siblings``: the
-    planner's question for a repository whose weights are in several folders, a diffusers pipeline's)."""
-    from huggingface_hub import HfApi
-
-    info = HfApi().model_info(repo_id, revision=revision)
-    return [sibling.rfilename for sibling in info.siblings or ()]
-
-
-def safetensors_file_parameters(repo_id: str, filename: str, *, revision: str | None) -> int:
-    """The elements of every tensor of one safetensors file of ``repo_id``, from its header as the Hub's
-    API reads it (a range request; no weights)."""
-    from huggingface_hub import HfApi
-
-    metadata = HfApi().parse_safetensors_file_metadata(repo_id, filename, revision=revision)
-    return sum(int(count) for count in metadata.parameter_count.values())
