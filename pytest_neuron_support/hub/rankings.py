@@ -74,8 +74,9 @@ EXPAND: tuple[_Expand, ...] = (
 )
 
 DEFAULT_TIMEOUT_S = 60.0
-# Two minutes for all four rankings: enough for the client to exhaust its retries on one ranking
-# (about 23 s) for each, short enough that a viewer build with the Hub down still finishes.
+# Two minutes for every ranking together (two per task of the task table): a Hub that answers gives them all in
+# seconds; one that fails each request after the client's retries (about 23 s a ranking) gets the first few
+# tried and the rest marked "not fetched", so a viewer build with the Hub failing still ends in two minutes.
 DEFAULT_TOTAL_TIMEOUT_S = 120.0
 
 SNAPSHOT_FORMAT = "neuron-support/hub-rankings"
@@ -275,7 +276,7 @@ def fetch_all(
     *,
     timeout_s: float = DEFAULT_TOTAL_TIMEOUT_S,
 ) -> list[HubRanking]:
-    """Every ranking the viewer shows: each of ``tasks`` (the task table's ``ranked`` rows) in each order of
+    """Every ranking the viewer shows: each of ``tasks`` (every task of the task table) in each order of
     :data:`SORTS`.
 
     Fetched one after another (the client shares one HTTP session across threads and resets it on

@@ -74,7 +74,6 @@ class SentenceEmbedding(Task):
     registry: ClassVar[tuple[str, str] | None] = None
     inputs: ClassVar[str] = "embedding"
     code: ClassVar[tuple[str, ...]] = ("embedding.py",)
-    ranked: ClassVar[bool] = False
     takes_prompt: ClassVar[bool] = False
     fixed_input: ClassVar[str] = "it embeds a fixed set of sentences"
     cosine: ClassVar[bool] = True

@@ -47,7 +47,6 @@ class Task:
             sentences).
         code: run.py's task code, files of ``templates/tasks/`` spliced in this order after its library's
             loading (``templates/tasks/<library>.py``): together its :attr:`fragments`.
-        ranked: the viewer's Trending and Downloads views list the Hub's models of this task.
         takes_prompt: a catalog entry may set ``prompt:``.
         fixed_input: what it is fed instead, for a task that takes no prompt (the catalog's error says it).
         cosine: judged by cosine similarity (a catalog entry may set ``min_cosine:``).
@@ -68,7 +67,6 @@ class Task:
     auto_class: ClassVar[str] = "AutoModelForCausalLM"
     inputs: ClassVar[str] = "text"
     code: ClassVar[tuple[str, ...]] = ("text.py", "generation.py")
-    ranked: ClassVar[bool] = True
     takes_prompt: ClassVar[bool] = True
     fixed_input: ClassVar[str] = ""
     cosine: ClassVar[bool] = False
