@@ -168,6 +168,11 @@ def rank_entry(rank, world, rendezvous, out):
     try:
         join_process_group(dist, "gloo", rank, world, rendezvous, root_comm=(VARIABLE, port))
         seen = {"root_comm": os.environ[VARIABLE]}
+        # Both ranks through the group before either tears it down: rank 0's init can return while rank 1
+        # is still connecting gloo's mesh to it, and a rank 0 that destroyed the group at once failed rank 1
+        # with "Gloo connectFullMesh failed" (seen once in a full suite run on 2 busy CPUs). run.py's ranks
+        # always run collectives (the sharded load) before their teardown.
+        dist.barrier()
         dist.destroy_process_group()
     except RuntimeError as exc:
         seen = {"error": str(exc)}
