@@ -331,9 +331,28 @@ def test_every_task_of_the_installed_pipeline_is_covered_excluded_or_missing() -
     # The tasks with a row and Selected entries are covered; each other one is listed with why.
     listed = {m[1]: m[0] for m in re.findall(r"^  (missing|excluded) +([a-z-]+): ", done.stdout, flags=re.M)}
     assert len(listed) == excluded + missing
-    assert listed["fill-mask"] == "missing" and "text-generation" not in listed
-    assert covered >= 3  # text generation, image-text-to-text, automatic speech recognition
-    assert not set(listed) & {"text-generation", "image-text-to-text", "automatic-speech-recognition"}
+    assert listed["object-detection"] == "missing" and "text-generation" not in listed
+    covering = {
+        "text-generation",
+        "image-text-to-text",
+        "automatic-speech-recognition",
+        "text-classification",
+        "token-classification",
+        "fill-mask",
+        "image-classification",
+        "audio-classification",
+    }
+    assert covered >= len(covering) and not set(listed) & covering
+
+
+def test_a_registry_value_naming_several_heads_is_read_as_all_of_them() -> None:
+    from pytest_neuron_support.catalog.coverage import class_names, registry_of
+
+    assert class_names(("DeiTForImageClassification", "DeiTForImageClassificationWithTeacher")) == (
+        "DeiTForImageClassification / DeiTForImageClassificationWithTeacher"
+    )
+    read = registry_of("image-classification")
+    assert read is not None and read[1]["levit"].startswith("LevitForImageClassification / ")
 
 
 def test_a_pipeline_task_left_out_says_why_and_a_stale_or_contradicting_one_fails(tmp_path: Path) -> None:

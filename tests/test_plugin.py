@@ -108,9 +108,9 @@ def test_repository_root_runs_the_catalog_and_tests_apart(tmp_path: Path, offlin
         return done.stdout
 
     sweep = collect(".", "--device=cpu", "--models-file=models-tiny.yaml", f"--results-dir={tmp_path / 'out'}")
-    assert "suite: the catalog models-tiny.yaml (15 models)" in sweep, sweep
+    assert "suite: the catalog models-tiny.yaml (20 models)" in sweep, sweep
     items = [line.strip() for line in sweep.splitlines() if line.strip().startswith("<Function ")]
-    assert len(items) == 15 and all(line.startswith("<Function test_model[") for line in items), sweep
+    assert len(items) == 20 and all(line.startswith("<Function test_model[") for line in items), sweep
     # Largest expected work first (cores x seconds): the 4-core olmo2, then the pipeline, whose task's prior
     # is three text runs (a text model's prior would start it seventh, to finish alone at the end).
     assert items[:2] == [

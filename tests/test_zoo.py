@@ -91,12 +91,23 @@ def test_models_tiny_yaml_lists_the_zoo_with_the_zoo_prompt() -> None:
     assert data["judge"] == {"model": zoo.JUDGE_REPO}  # sharded entries are judged offline
     entries = data["models"]
     # The zoo's causal LMs, the one real trained model installed beside them (an embedding model: no
-    # prompt), then the tiny text-to-image pipeline and the tiny Whisper (they take no prompt either).
+    # prompt), then the tiny text-to-image pipeline, the tiny Whisper and the forward tasks' models (they take
+    # no prompt either).
     assert [e["id"] for e in entries] == [
         *(a.repo_id for a in zoo.ARCHS),
         zoo.MINILM_REPO,
         zoo.PIPELINE_REPO,
         zoo.WHISPER_REPO,
+        *zoo.FORWARD_REPOS.values(),
+    ]
+    # The forward tasks' models: each with its task (no prompt), tagged with its model_type first.
+    forward = [entries.pop() for _ in zoo.FORWARD_REPOS][::-1]
+    assert [(e["task"], e["tags"][0], set(e)) for e in forward] == [
+        ("text-classification", "distilbert", {"id", "task", "tags"}),
+        ("token-classification", "bert", {"id", "task", "tags"}),
+        ("fill-mask", "roberta", {"id", "task", "tags"}),
+        ("image-classification", "vit", {"id", "task", "tags"}),
+        ("audio-classification", "wav2vec2", {"id", "task", "tags"}),
     ]
     speech, image = entries.pop(), entries.pop()
     assert speech == {
@@ -516,6 +527,7 @@ def test_rebuild_is_skipped_when_installed(tiny_zoo_cache: Path) -> None:
         zoo.JUDGE_REPO,
         zoo.PIPELINE_REPO,
         zoo.WHISPER_REPO,
+        *zoo.FORWARD_REPOS.values(),
         zoo.MINILM_REPO,
     ]
     assert len(logs) == len(zoo.ARCHS) and all("skipping" in line for line in logs)

@@ -174,9 +174,19 @@ def registry_of(task: str) -> tuple[str, Mapping[str, str]] | None:
     library = module_name.split(".", 1)[0]
     version = importlib.import_module(library).__version__
     mapping = getattr(module, mapping_name)
-    # transformers maps names to class names; diffusers to the classes themselves.
-    names = {str(key): value if isinstance(value, str) else value.__name__ for key, value in mapping.items()}
+    # transformers maps names to class names (a tuple of them where one architecture has several heads for the
+    # task, as image classification's vit, convnext or levit do); diffusers to the classes themselves.
+    names = {str(key): class_names(value) for key, value in mapping.items()}
     return f"{library} {version} {mapping_name}", names
+
+
+def class_names(value: object) -> str:
+    """A registry value's class name(s): ``ViTForImageClassification``, ``A / B`` for a tuple of them."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, tuple):
+        return " / ".join(class_names(v) for v in value)
+    return str(getattr(value, "__name__", value))
 
 
 def task_coverage(catalog: Catalog, task: str, readings: Mapping[str, Reading] | None = None) -> TaskCoverage:

@@ -103,6 +103,13 @@ VERDICT_BASES: Mapping[str, str] = {
         "embedding (distance <= the rule's multiple x the CPU's own dtype noise, docs/verdicts.md), and its cosine "
         "with it at least cosine_threshold"
     ),
+    "forward-calibrated": (
+        "forward tasks (text, token, image and audio classification, fill-mask): every item's device output (a "
+        "sentence's, a token's, a mask's, an image's or a waveform's logits) within the calibrated tolerance of "
+        "the CPU's float32 output (docs/verdicts.md), and its decision (the top-1) the CPU's wherever the CPU's "
+        "own margin is decisive (larger than the rule's multiple x its dtype noise); a differing near-tie is "
+        "reported, not failed"
+    ),
     "cosine": (
         "embedding tasks: within the dtype's noise, but a sentence's cosine with the CPU embedding is below "
         "cosine_threshold (the entry's min_cosine, the correlation it is held to): a FAIL"
@@ -617,18 +624,28 @@ class Row:
     )
     cpu_check_s: float | None = field(default=None, metadata=_doc("wall seconds of the teacher-forced CPU run"))
     positions_checked: int | None = field(
-        default=None, metadata=_doc("device tokens the teacher-forced CPU check scored")
+        default=None,
+        metadata=_doc(
+            "device tokens the teacher-forced CPU check scored (forward tasks: the items whose decisions were compared)"
+        ),
     )
     positions_disagreeing: int | None = field(
-        default=None, metadata=_doc("positions whose device token is not the CPU top-1 under the device's prefix")
+        default=None,
+        metadata=_doc(
+            "positions whose device token is not the CPU top-1 under the device's prefix (forward tasks: items whose "
+            "device top-1 is not the CPU's float32 top-1)"
+        ),
     )
     first_disagreement: int | None = field(
         default=None, metadata=_doc("index of the first such position (null when none)")
     )
     disagreement_device_token: int | None = field(
-        default=None, metadata=_doc("the device's token at first_disagreement")
+        default=None,
+        metadata=_doc("the device's token at first_disagreement (forward tasks: its top-1 label or token id)"),
     )
-    disagreement_cpu_token: int | None = field(default=None, metadata=_doc("the CPU top-1 at first_disagreement"))
+    disagreement_cpu_token: int | None = field(
+        default=None, metadata=_doc("the CPU top-1 at first_disagreement (forward tasks: the CPU's float32 top-1)")
+    )
     disagreement_rank: int | None = field(
         default=None,
         metadata=_doc("rank of the device token in the CPU distribution at first_disagreement (0 = top-1)"),

@@ -224,6 +224,12 @@ def _splice(source: str, marker: str, shared: str) -> str:
     return "\n".join(lines)
 
 
+def with_spec(source: str, spec: dict[str, Any]) -> str:
+    """A template's source (:func:`template`) with ``spec`` written in as its ``SPEC``: what the tiny zoo
+    executes to feed its models exactly what run.py feeds them."""
+    return _fill(source, spec)
+
+
 def _fill(source: str, spec: dict[str, Any]) -> str:
     # Inserted last so no prompt or judged text can be mistaken for a placeholder.
     literal = pprint.pformat(spec, sort_dicts=False, width=100)

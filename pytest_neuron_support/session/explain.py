@@ -85,9 +85,10 @@ def _parity_lines(row: Row) -> list[str]:
 
 
 def _teacher_forced_lines(row: Row) -> list[str]:
-    """The teacher-forced CPU pass over the device's own tokens."""
+    """The teacher-forced CPU pass over the device's own tokens (a forward task's disagreeing decisions use
+    the same columns, with no tokens: its error says them)."""
     index = row.first_disagreement
-    if index is None:
+    if index is None or not row.tokens:
         return []
     deficit = f", {row.disagreement_deficit:.4f} nats below" if row.disagreement_deficit is not None else ""
     cpu_view = list(row.tokens)

@@ -68,12 +68,12 @@ def with_cosines(row: Row, parity: EmbeddingParity) -> Row:
 class SentenceEmbedding(Task):
     """The tokenizer and ``AutoModel``; the sentences of :data:`EMBEDDING_SENTENCES`."""
 
-    auto_class: ClassVar[str] = "AutoModel"
+    auto_class = "AutoModel"
     # AutoModel maps every architecture transformers has (622 in 5.24): no registry says which of them
     # make sentence embeddings, so coverage does not track this task.
-    registry: ClassVar[tuple[str, str] | None] = None
+    registry = None
     inputs: ClassVar[str] = "embedding"
-    code: ClassVar[tuple[str, ...]] = ("embedding.py",)
+    code = ("embedding.py",)
     takes_prompt: ClassVar[bool] = False
     fixed_input: ClassVar[str] = "it embeds a fixed set of sentences"
     cosine: ClassVar[bool] = True

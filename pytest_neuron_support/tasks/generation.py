@@ -123,13 +123,13 @@ class ImageTextToText(TextGeneration):
     (drawn by arithmetic, the same on every machine) and the prompt through the processor's chat
     template."""
 
-    auto_class: ClassVar[str] = "AutoModelForImageTextToText"
-    registry: ClassVar[tuple[str, str] | None] = (
+    auto_class = "AutoModelForImageTextToText"
+    registry = (
         "transformers.models.auto.modeling_auto",
         "MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES",
     )
     inputs: ClassVar[str] = "vision"
-    code: ClassVar[tuple[str, ...]] = ("vision.py", "generation.py")
+    code = ("vision.py", "generation.py")
     # train.py's batches are text only: no image reaches the processor.
     trainable: ClassVar[bool] = False
 

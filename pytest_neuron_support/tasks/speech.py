@@ -43,13 +43,13 @@ AUDIO: Mapping[str, Any] = {
 class SpeechRecognition(TextGeneration):
     """``AutoModelForSpeechSeq2Seq`` and its processor; the waveform of :data:`AUDIO`."""
 
-    auto_class: ClassVar[str] = "AutoModelForSpeechSeq2Seq"
-    registry: ClassVar[tuple[str, str] | None] = (
+    auto_class = "AutoModelForSpeechSeq2Seq"
+    registry = (
         "transformers.models.auto.modeling_auto",
         "MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES",
     )
     inputs: ClassVar[str] = "audio"
-    code: ClassVar[tuple[str, ...]] = ("audio.py", "generation.py")
+    code = ("audio.py", "generation.py")
     takes_prompt: ClassVar[bool] = False
     fixed_input: ClassVar[str] = "it transcribes a fixed waveform it synthesises itself"
     # train.py fine-tunes a causal LM on text; a speech model's loss needs audio features.

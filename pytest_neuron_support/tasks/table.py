@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 from pytest_neuron_support.tasks.embedding import SentenceEmbedding
+from pytest_neuron_support.tasks.forward import MASKED_SENTENCES, SENTENCES, ForwardTask, Reading
 from pytest_neuron_support.tasks.generation import ImageTextToText, TextGeneration
 from pytest_neuron_support.tasks.speech import SpeechRecognition
 from pytest_neuron_support.tasks.task import Task
@@ -29,6 +30,38 @@ TASKS: Mapping[str, Task] = MappingProxyType(
             SentenceEmbedding("sentence-similarity"),
             TextToImage("text-to-image"),
             SpeechRecognition("automatic-speech-recognition"),
+            # Forward tasks: one row each (tasks/forward.py): the Auto class, transformers' registry of the
+            # architectures it maps, and how the output is read.
+            ForwardTask(
+                "text-classification",
+                "AutoModelForSequenceClassification",
+                "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES",
+                Reading("logits", "sequence", sentences=SENTENCES),
+            ),
+            ForwardTask(
+                "token-classification",
+                "AutoModelForTokenClassification",
+                "MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES",
+                Reading("logits", "tokens", sentences=SENTENCES),
+            ),
+            ForwardTask(
+                "fill-mask",
+                "AutoModelForMaskedLM",
+                "MODEL_FOR_MASKED_LM_MAPPING_NAMES",
+                Reading("logits", "mask", sentences=MASKED_SENTENCES),
+            ),
+            ForwardTask(
+                "image-classification",
+                "AutoModelForImageClassification",
+                "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES",
+                Reading("logits", "sequence", inputs="image", preprocessor="AutoImageProcessor"),
+            ),
+            ForwardTask(
+                "audio-classification",
+                "AutoModelForAudioClassification",
+                "MODEL_FOR_AUDIO_CLASSIFICATION_MAPPING_NAMES",
+                Reading("logits", "sequence", inputs="audio", preprocessor="AutoFeatureExtractor"),
+            ),
         )
     }
 )

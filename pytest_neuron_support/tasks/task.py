@@ -64,9 +64,9 @@ class Task:
     """
 
     library: ClassVar[str] = "transformers"
-    auto_class: ClassVar[str] = "AutoModelForCausalLM"
+    auto_class: str = "AutoModelForCausalLM"
     inputs: ClassVar[str] = "text"
-    code: ClassVar[tuple[str, ...]] = ("text.py", "generation.py")
+    code: tuple[str, ...] = ("text.py", "generation.py")
     takes_prompt: ClassVar[bool] = True
     fixed_input: ClassVar[str] = ""
     cosine: ClassVar[bool] = False
@@ -74,7 +74,7 @@ class Task:
     pipeline: ClassVar[bool] = True
     trainable: ClassVar[bool] = True
     prior_factor: ClassVar[float] = 1.0
-    registry: ClassVar[tuple[str, str] | None] = (
+    registry: tuple[str, str] | None = (
         "transformers.models.auto.modeling_auto",
         "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",
     )

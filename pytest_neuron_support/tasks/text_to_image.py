@@ -87,15 +87,15 @@ class TextToImage(Task):
     """``DiffusionPipeline`` from diffusers; the prompt, :data:`OPTIONS`."""
 
     library: ClassVar[str] = "diffusers"
-    auto_class: ClassVar[str] = "DiffusionPipeline"
+    auto_class = "DiffusionPipeline"
     # diffusers' AutoPipelineForText2Image families (stable-diffusion, flux, ...): a catalog entry covers one
     # by carrying its name as a tag.
-    registry: ClassVar[tuple[str, str] | None] = (
+    registry = (
         "diffusers.pipelines.auto_pipeline",
         "AUTO_TEXT2IMAGE_PIPELINES_MAPPING",
     )
     inputs: ClassVar[str] = "text-to-image"
-    code: ClassVar[tuple[str, ...]] = ("text_to_image.py",)
+    code = ("text_to_image.py",)
     generates: ClassVar[bool] = False
     # Its inference check already is diffusers' own pipeline (DiffusionPipeline.from_pretrained(...).to(device)).
     pipeline: ClassVar[bool] = False

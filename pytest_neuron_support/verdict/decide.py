@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from pytest_neuron_support.verdict.decisions import Decisions
 from pytest_neuron_support.verdict.embeddings import EmbeddingParity
 from pytest_neuron_support.verdict.tokens import Parity, TeacherForced
 from pytest_neuron_support.verdict.tolerance import Calibrated
@@ -78,6 +79,7 @@ def placement(device_map: str, model_devices: Sequence[str], pipeline_device: st
 REPEATED = {
     "embeddings": "the second forward pass's embeddings differ from the first's",
     "image": "the warm second pipeline call's image differs from the first's",
+    "outputs": "the second forward pass's outputs differ from the first's",
 }
 
 
@@ -204,6 +206,34 @@ def numeric(checked: Calibrated, basis: str, what: str) -> Decision:
     others = sum(1 for c in checked.comparisons if not c.ok) - 1
     more = f"; {others} later comparison(s) out of tolerance too" if others else ""
     return Decision("FAIL", "parity", basis, f"{what}: {bad.describe()}{more}")
+
+
+#: The basis of a forward task's verdict (tasks/forward.py): its outputs and the decisions read from them.
+FORWARD_BASIS = "forward-calibrated"
+
+
+def forward(
+    checked: Calibrated, decisions: Decisions, what: str, labels: Sequence[str] = (), cpu_labels: Sequence[str] = ()
+) -> Decision:
+    """A forward task's verdict: every item's output within the calibrated tolerance (:func:`numeric`'s rule)
+    and every decision the CPU was decisive about the same on the device (``verdict.decisions``; a near-tie
+    that differs is reported in the row, not failed). A FAIL at ``parity`` names the first output out of
+    tolerance and the first decision that differs, whichever failed (both when both did); ``what`` names the
+    output (``text-classification logits``), ``labels``/``cpu_labels`` each item's decision per side."""
+    if checked.problem is not None or decisions.problem is not None:
+        problem = checked.problem or decisions.problem
+        return Decision("FAIL", "parity", FORWARD_BASIS, f"{what}: {problem}")
+    errors = []
+    bad = checked.first_bad
+    if bad is not None:
+        others = sum(1 for c in checked.comparisons if not c.ok) - 1
+        more = f"; {others} later item(s) out of tolerance too" if others else ""
+        errors.append(f"{what}: {bad.describe()}{more}")
+    if not decisions.match:
+        errors.append(decisions.describe(f"{what.rsplit(' ', 1)[0]} decisions", labels, cpu_labels))
+    if errors:
+        return Decision("FAIL", "parity", FORWARD_BASIS, "; ".join(errors))
+    return passed(FORWARD_BASIS)
 
 
 #: The basis of a text-to-image verdict: the device's recording replayed stage by stage on CPU.

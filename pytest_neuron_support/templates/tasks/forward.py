@@ -1,0 +1,151 @@
+"""run.py's forward tasks (text, token and audio classification, fill-mask, image classification): the
+model and its preprocessor (the input fragment spliced before this one says which: text.py's tokenizer,
+vision.py's or audio.py's processor), fixed inputs in one static shape, one forward pass compiled with
+torch.compile (device runs) and run twice (the second must repeat the first), and each item's scores
+written: the items SPEC["task_options"]["read"] names (``sequence``: one per input; ``tokens``: one per
+word-piece, special tokens left out; ``mask``: one per mask token), each the output's vector there (its
+logits), in float32 on the host.
+
+The inputs (SPEC["task_options"]["input"]): ``text``, a fixed list of sentences (SPEC["sentences"]; a
+fill-mask task's hold ``{mask}``, written as the tokenizer's own mask token) padded to one length
+(SPEC["task_options"]["length"]); ``image``, run.py's test card and its mirror image through the image
+processor; ``audio``, run.py's waveform and the same samples reversed through the feature extractor.
+
+Each item's decision (the top-1 of its vector) is written too, named as the checkpoint names it (its
+``id2label``, or the token a fill-mask model puts at the mask). The CPU reference (float32) runs the same
+forward again in the device's dtype: the dtype's own noise, which the calibrated tolerance rule judges the
+device's distance (and the decisions' margins) against.
+
+Spliced into run.py in place of its @@TASK@@ import; see text.py.
+"""
+
+from __future__ import annotations
+
+from run import PREPROCESSOR, SPEC, cold_then_warm, fixed_audio, fixed_image
+
+# isort: split
+# @@TASK@@
+#: The class run.py loads the preprocessor with: the task row's (an audio classifier's feature extractor, where
+#: the speech fragment's AutoProcessor would also ask for a tokenizer it has none of), else its input
+#: fragment's.
+PREPROCESSOR = SPEC["task_options"].get("preprocessor") or PREPROCESSOR
+#: What compiles (the message of a run that compiled nothing names it).
+COMPILED_CALL = "the forward pass"
+#: Where a fill-mask sentence puts the tokenizer's mask token.
+MASK_PLACEHOLDER = "{mask}"
+
+
+def forward_texts(tokenizer):
+    """SPEC's sentences, a fill-mask task's with the tokenizer's own mask token in place."""
+    sentences = list(SPEC["sentences"])
+    if SPEC["task_options"]["read"] != "mask":
+        return sentences
+    if getattr(tokenizer, "mask_token", None) is None:
+        raise ValueError("the tokenizer has no mask token: a fill-mask model's tokenizer must declare one")
+    return [s.replace(MASK_PLACEHOLDER, tokenizer.mask_token) for s in sentences]
+
+
+def forward_batch(torch, preprocessor):
+    """(the model's inputs on CPU, which of them are the tokenizer's special tokens or None): SPEC's inputs."""
+    options = SPEC["task_options"]
+    kind = options["input"]
+    if kind == "text":
+        batch = preprocessor(
+            forward_texts(preprocessor),
+            padding="max_length",
+            truncation=True,
+            max_length=options["length"],
+            return_special_tokens_mask=True,
+            return_tensors="pt",
+        )
+        return batch, batch.pop("special_tokens_mask")
+    if kind == "image":
+        card = fixed_image(torch, *SPEC["image_size"])
+        return preprocessor(images=[card, card.flip(-1)], return_tensors="pt"), None
+    if kind == "audio":
+        wave = fixed_audio(torch)
+        waves = [wave.numpy(), wave.flip(0).numpy()]
+        return preprocessor(waves, sampling_rate=options["audio"]["sample_rate"], return_tensors="pt"), None
+    raise NotImplementedError(f"SPEC['task_options']['input'] = {kind!r}: run.py feeds text, image or audio")
+
+
+def read_items(torch, batch, special, output, model, tokenizer):
+    """(each item's scores in float32 on the host, its (sentence, position), its decision's name)."""
+    read = SPEC["task_options"]["read"]
+    scores = output.detach().to("cpu").float()  # to the host first: the harness's ops stay off the device
+    if read == "sequence":
+        picks = [(i, None) for i in range(scores.shape[0])]
+    elif read == "tokens":
+        keep = (batch["attention_mask"].to("cpu") == 1) & (special == 0)
+        picks = [(int(i), int(j)) for i, j in keep.nonzero().tolist()]
+    elif read == "mask":
+        found = (batch["input_ids"].to("cpu") == tokenizer.mask_token_id).nonzero().tolist()
+        picks = [(int(i), int(j)) for i, j in found]
+    else:
+        raise NotImplementedError(f"SPEC['task_options']['read'] = {read!r}: run.py reads sequence, tokens or mask")
+    vectors = [scores[i] if j is None else scores[i, j] for i, j in picks]
+    id2label = getattr(model.config, "id2label", None) or {}
+
+    def name(index):
+        return tokenizer.decode([index]).strip() if read == "mask" else str(id2label.get(index, index))
+
+    decisions = [int(v.argmax()) for v in vectors]
+    return [v.tolist() for v in vectors], [list(p) for p in picks], decisions, [name(d) for d in decisions]
+
+
+def run_forward(torch, preprocessor, model):
+    options = SPEC["task_options"]
+    batch, special = forward_batch(torch, preprocessor)
+    device = next(model.parameters()).device
+    # Pixel values and audio features in the weights' dtype, as a user passes them; ids and masks as they are.
+    inputs = {
+        key: value.to(device, model.dtype) if value.is_floating_point() else value.to(device)
+        for key, value in batch.items()
+    }
+    forward = model
+    if SPEC["compile"]:
+        # One static-shape graph of the whole model, head included, with the device's backend.
+        forward = torch.compile(model, backend=SPEC["compile_backend"], dynamic=False, mode="default")
+
+    def scores():
+        with torch.no_grad():
+            out = forward(**inputs)
+        return getattr(out, options["output"])
+
+    first, second, facts = cold_then_warm(torch, scores, scores)
+    tokenizer = getattr(preprocessor, "tokenizer", preprocessor)
+    vectors, items, decisions, labels = read_items(torch, batch, special, first, model, tokenizer)
+    again, _, _, _ = read_items(torch, batch, special, second, model, tokenizer)
+    noise = {}
+    noise_dtype = options.get("noise_dtype")
+    if noise_dtype:
+        # The CPU reference (in float32) runs again in the device's dtype: the dtype's own noise.
+        if noise_dtype != SPEC["dtype"]:
+            model.to(getattr(torch, noise_dtype))
+            for key, value in inputs.items():
+                if value.is_floating_point():
+                    inputs[key] = value.to(model.dtype)
+            noise = {"noise_outputs": read_items(torch, batch, special, scores(), model, tokenizer)[0]}
+        else:
+            noise = {"noise_outputs": vectors}
+        noise["noise_dtype"] = noise_dtype
+    return {
+        "outputs": vectors,
+        **noise,
+        "items": items,
+        "decisions": decisions,
+        "decision_labels": labels,
+        "tokens": [],
+        "text": "; ".join(labels)[:1000],
+        "repeat_identical": vectors == again,
+        "prompt_tokens": int(batch["input_ids"].shape[1]) if "input_ids" in batch else None,
+        **facts,
+    }
+
+
+def prepare_task():
+    return None
+
+
+def run_task(torch, preprocessor, model, state):
+    return run_forward(torch, preprocessor, model)

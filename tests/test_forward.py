@@ -1,0 +1,241 @@
+"""Forward tasks (text, token, image and audio classification, fill-mask): one compiled forward pass, its
+outputs under the calibrated tolerance rule and its decisions where the CPU is decisive. The rules as pure
+functions, then the tiny zoo's three models through the plugin as users run them, healthy and with a
+fault planted in each one's head on the device side only."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from faultkit import assert_outcomes
+
+from pytest_neuron_support import zoo
+from pytest_neuron_support.base.storage import slug
+from pytest_neuron_support.run.runscript import TEST_CARD_SIZE, template, with_spec
+from pytest_neuron_support.tasks.forward import INPUT_FRAGMENTS, ForwardTask
+from pytest_neuron_support.tasks.table import TASKS
+from pytest_neuron_support.verdict import decide
+from pytest_neuron_support.verdict.decisions import compare_decisions, noise_of, top_two
+from pytest_neuron_support.verdict.tolerance import FLOOR, MULTIPLE, calibrated_outputs
+
+# --- the decision rule ------------------------------------------------------------------------------
+
+
+def test_top_two_gives_the_winner_and_its_lead() -> None:
+    assert top_two([0.1, 2.0, 1.5]) == (1, pytest.approx(0.5))
+    assert top_two([3.0]) == (0, math.inf)
+    assert math.isnan(top_two([1.0, math.nan])[1])
+
+
+def test_the_noise_is_what_rounding_moved_at_least_the_floor() -> None:
+    assert noise_of([1.0, 2.0], [1.0, 2.5]) == pytest.approx(0.5)
+    assert noise_of([10.0, -20.0], [10.0, -20.0]) == pytest.approx(FLOOR * 20.0)
+
+
+def test_agreeing_decisions_match() -> None:
+    f32 = [[0.0, 4.0], [3.0, 0.0]]
+    found = compare_decisions(f32, f32, f32)
+    assert found.match and (found.checked, found.disagreeing, found.first) == (2, 0, None)
+    assert found.near_ties_only is None
+
+
+def test_a_decisive_disagreement_fails_and_names_the_item_and_both_sides() -> None:
+    f32 = [[0.0, 4.0], [3.0, 0.0]]
+    noise = [[0.01, 4.01], [3.0, 0.0]]
+    device = [[0.0, 4.0], [0.0, 3.0]]  # item 1 flipped
+    found = compare_decisions(device, f32, noise)
+    assert not found.match and (found.first, found.device, found.cpu) == (1, 1, 0)
+    assert found.decisive_disagreeing == 1 and found.near_ties_only is False
+    text = found.describe("text-classification decisions", ["POSITIVE", "POSITIVE"], ["POSITIVE", "NEGATIVE"])
+    assert "first at item 1: device 'POSITIVE' (1), CPU 'NEGATIVE' (0)" in text and "decisive:" in text
+
+
+def test_a_near_tie_disagreement_is_reported_not_failed() -> None:
+    # The CPU's margin (0.01) is within 3x what bf16 rounding moved a score (0.02): rounding can close it.
+    f32 = [[1.0, 1.01]]
+    noise = [[1.02, 1.01]]
+    found = compare_decisions([[1.01, 1.0]], f32, noise)
+    assert found.match and found.disagreeing == 1 and found.decisive_disagreeing == 0
+    assert found.near_ties_only is True and found.first == 0
+    # The same flip at a margin the dtype cannot close is decisive.
+    assert not compare_decisions([[1.01, 1.0]], [[1.0, 2.0]], [[1.02, 2.0]]).match
+
+
+def test_a_device_item_that_is_not_a_number_never_agrees() -> None:
+    found = compare_decisions([[math.nan, 1.0]], [[0.0, 1.0]], [[0.0, 1.0]])
+    assert not found.match and found.decisive_disagreeing == 1
+
+
+def test_items_that_cannot_be_paired_are_a_problem_never_a_pass() -> None:
+    assert compare_decisions([[1.0]], [[1.0], [2.0]], [[1.0], [2.0]]).problem is not None
+    assert compare_decisions([], [], []).problem is not None
+    assert compare_decisions([[1.0, 2.0]], [[1.0]], [[1.0]]).problem is not None
+
+
+def test_the_forward_verdict_needs_the_numbers_and_the_decisions() -> None:
+    f32 = [[0.0, 4.0], [3.0, 0.0]]
+    noise = [[0.004, 4.0], [3.0, 0.003]]
+    healthy = [[0.002, 4.001], [3.001, 0.001]]
+    ok = decide.forward(
+        calibrated_outputs("logits", healthy, f32, noise), compare_decisions(healthy, f32, noise), "t logits"
+    )
+    assert (ok.result, ok.verdict_basis) == ("PASS", decide.FORWARD_BASIS)
+    # Numbers off by 5 % with every decision unchanged: the numbers fail it.
+    scaled = [[x * 1.05 for x in v] for v in f32]
+    numbers = decide.forward(
+        calibrated_outputs("logits", scaled, f32, noise), compare_decisions(scaled, f32, noise), "t logits"
+    )
+    assert (numbers.result, numbers.failure_stage) == ("FAIL", "parity")
+    assert "t logits: logits at step 0" in str(numbers.error) and "decisions" not in str(numbers.error)
+    # Labels swapped: both fail, and the error names both.
+    swapped = [list(reversed(v)) for v in f32]
+    both = decide.forward(
+        calibrated_outputs("logits", swapped, f32, noise), compare_decisions(swapped, f32, noise), "t logits"
+    )
+    assert both.result == "FAIL" and "t logits: logits at step 0" in str(both.error)
+    assert "t decisions: 2 of 2 decisions differ" in str(both.error)
+
+
+def test_every_forward_row_reads_an_output_its_fragment_knows() -> None:
+    rows = [task for task in TASKS.values() if isinstance(task, ForwardTask)]
+    assert {task.name for task in rows} >= set(MODELS)
+    for task in rows:
+        assert task.reading.items in ("sequence", "tokens", "mask") and task.fragments[-1] == "forward.py"
+        assert task.fragments[:2] == ("transformers.py", INPUT_FRAGMENTS[task.reading.inputs])
+        # Only a text task reads word-pieces or masks (an image's or a waveform's item is the whole input).
+        assert task.reading.inputs == "text" or task.reading.items == "sequence"
+        assert task.registry is not None and not task.generates and not task.takes_prompt
+        if task.reading.items == "mask":
+            assert all("{mask}" in sentence for sentence in task.reading.sentences)
+
+
+# --- through the plugin -------------------------------------------------------------------------------
+
+#: Each forward model of the zoo, by task.
+MODELS = {
+    "text-classification": "tiny-random/distilbert-sst2",
+    "token-classification": "tiny-random/bert-ner",
+    "fill-mask": "tiny-random/roberta",
+    "image-classification": "tiny-random/vit",
+    "audio-classification": "tiny-random/wav2vec2-ks",
+}
+FAULTY = "faulty"
+
+# Test-only fault in the device run (the CPU reference stays clean): the head's scores rolled by one along
+# their last axis, as a head kernel that writes each class's score into its neighbour's slot would. A hook
+# on the head module: Dynamo compiles it into the graph with the head.
+ROLL_HEAD = f"""
+def pytest_neuron_support_post_load(config, model):
+    if model.id.startswith({FAULTY + "/"!r}):
+        return (
+            "head = model.get_output_embeddings() or model.classifier\\n"
+            "head.register_forward_hook(lambda module, args, out: out.roll(1, dims=-1))\\n"
+        )
+    return None
+"""
+
+
+def snapshot_of(cache: Path, repo: str) -> Path:
+    snapshots = cache / f"models--{repo.replace('/', '--')}" / "snapshots"
+    return next(snapshots.iterdir())
+
+
+@pytest.fixture
+def forward_hub(offline_hub: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A private copy of the zoo cache with each forward model under a second id, to be run faulty."""
+    cache = tmp_path / "hub"
+    shutil.copytree(offline_hub, cache, symlinks=True)
+    for repo in MODELS.values():
+        zoo.install_snapshot(cache, f"{FAULTY}/{repo.split('/')[1]}", snapshot_of(cache, repo))
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    return cache
+
+
+@pytest.mark.usefixtures("eager_compile")
+@pytest.mark.slow
+def test_each_forward_task_passes_and_a_fault_in_its_head_fails_naming_the_output_and_the_decision(
+    pytester: pytest.Pytester, forward_hub: Path
+) -> None:
+    pytester.makeconftest(ROLL_HEAD)
+    entries = [(repo, task) for task, repo in MODELS.items()]
+    entries += [(f"{FAULTY}/{repo.split('/')[1]}", task) for repo, task in entries]
+    pytester.makefile(".yaml", models="models:\n" + "".join(f"  - {{id: {r}, task: {t}}}\n" for r, t in entries))
+    result = pytester.runpytest_subprocess(
+        "--device=cpu", "-n", "2", "--results-dir=out", "--reference-cache=none", "--model-timeout=900"
+    )
+    assert_outcomes(result, pytester.path / "out", passed=len(MODELS), failed=len(MODELS))
+    df = pd.read_parquet(pytester.path / "out" / "data").set_index("model_id")
+    for task, repo in MODELS.items():
+        healthy = df.loc[repo]
+        assert (healthy.result, healthy.task, healthy.verdict_basis) == ("PASS", task, "forward-calibrated")
+        assert healthy.reference_match and healthy.reference_dtype == "float32" and healthy["dtype"] == "bfloat16"
+        assert healthy.evidence_stage == "logits" and 0 < healthy.noise_ratio <= MULTIPLE
+        assert healthy.positions_checked == len(healthy.numeric_stages) > 0 and healthy.positions_disagreeing == 0
+        # One static shape: nothing compiles twice (wav2vec2's forward breaks into two graphs, which its row
+        # records as graph breaks: docs/tasks.md).
+        assert healthy.graphs_compiled >= 1 and healthy.recompiles == 0 and len(healthy.tokens) == 0 and healthy.text
+        assert "AutoModelFor" in healthy.runscript and "def run_forward(" in healthy.runscript
+
+        faulty = df.loc[f"{FAULTY}/{repo.split('/')[1]}"]
+        assert (faulty.result, faulty.failure_stage, faulty.verdict_basis) == ("FAIL", "parity", "forward-calibrated")
+        assert not faulty.reference_match and faulty.noise_ratio > MULTIPLE
+        # The error names the output out of tolerance and the decision that differs, with both sides' labels.
+        assert f"{task} logits: logits at step 0: relative distance from float32" in faulty.error
+        assert f"{task} decisions: " in faulty.error and "where the CPU was decisive" in faulty.error
+        assert faulty.positions_disagreeing > 0 and faulty.disagreements_near_tie is False
+        assert "register_forward_hook" in faulty.runscript
+
+    # run.py reads each decision as transformers' own pipeline does: the CPU reference's labels are the
+    # pipeline's (in a subprocess: torch imported inside a pytester test would be dropped from sys.modules).
+    for task, repo in MODELS.items():
+        reference = json.loads(
+            (pytester.path / "out" / "runs" / slug(repo) / "cpu" / "reference" / "result.json").read_text()
+        )
+        assert pipeline_labels(task, repo, reference["items"]) == reference["decision_labels"], task
+
+
+def pipeline_labels(task: str, repo: str, items: list[list[int | None]]) -> list[str]:
+    """What ``transformers.pipeline(task)`` decides for the task's sentences, item by item."""
+    from pytest_neuron_support.tasks.table import task_of
+
+    forward = task_of(task)
+    assert isinstance(forward, ForwardTask)
+    # run.py's own test card and waveform, drawn by the template's code (as the zoo draws them).
+    spec = {"sentences": [], "image_size": list(TEST_CARD_SIZE), "task_options": forward.task_options()}
+    source = with_spec(template("run.py", forward.fragments), spec)
+    script = f"""
+import json, transformers
+from PIL import Image
+namespace = {{"__name__": "template"}}
+exec(compile({source!r}, "run.py", "exec"), namespace)
+pipe = transformers.pipeline({task!r}, model={repo!r}, dtype="float32")
+if {task!r} == "image-classification":
+    card = namespace["fixed_image"](__import__("torch"), *{list(TEST_CARD_SIZE)!r})
+    images = [Image.fromarray(c.permute(1, 2, 0).numpy()) for c in (card, card.flip(-1))]
+    labels = [found[0]["label"] for found in pipe(images)]
+elif {task!r} == "audio-classification":
+    wave = namespace["fixed_audio"](__import__("torch"))
+    rate = {forward.task_options().get("audio", {}).get("sample_rate")!r}
+    labels = [pipe({{"raw": w.numpy(), "sampling_rate": rate}})[0]["label"] for w in (wave, wave.flip(0))]
+else:
+    texts = [s.replace("{{mask}}", pipe.tokenizer.mask_token or "") for s in {list(forward.reading.sentences)!r}]
+    if {task!r} == "text-classification":
+        labels = [out["label"] for out in pipe(texts)]
+    elif {task!r} == "token-classification":
+        labels = [entity["entity"] for sentence in pipe(texts, ignore_labels=[]) for entity in sentence]
+    else:
+        labels = [found[0]["token_str"].strip() for found in (pipe(t, top_k=1) for t in texts)]
+print(json.dumps(labels))
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    labels: list[str] = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(labels) == len(items), (labels, items)
+    return labels
