@@ -239,3 +239,35 @@ print(json.dumps(labels))
     labels: list[str] = json.loads(proc.stdout.strip().splitlines()[-1])
     assert len(labels) == len(items), (labels, items)
     return labels
+
+
+@pytest.mark.usefixtures("eager_compile")
+@pytest.mark.slow
+def test_each_forward_task_passes_through_its_pipeline_and_the_pipeline_answers_what_the_device_decided(
+    pytester: pytest.Pytester, offline_hub: Path
+) -> None:
+    entries = "".join(f"  - {{id: {repo}, task: {task}, checks: [pipeline]}}\n" for task, repo in MODELS.items())
+    pytester.makefile(".yaml", models="models:\n" + entries)
+    result = pytester.runpytest_subprocess(
+        "--device=cpu", "-n", "2", "--results-dir=out", "--reference-cache=none", "--model-timeout=900"
+    )
+    assert_outcomes(result, pytester.path / "out", passed=len(MODELS))
+    df = pd.read_parquet(pytester.path / "out" / "data").set_index("model_id")
+    for task, repo in MODELS.items():
+        row = df.loc[repo]
+        assert (row.check, row.result, row.verdict_basis) == ("pipeline", "PASS", "forward-calibrated"), task
+        assert list(row.model_devices) == ["cpu"] and row.pipeline_class.endswith("Pipeline")
+        assert row.positions_checked == len(row.numeric_stages) > 0 and row.noise_ratio <= MULTIPLE
+        assert "pipe.model = torch.compile(pipe.model" in row.runscript and row.graphs_compiled >= 1
+        # The warm second call compiles nothing new.
+        assert row.recompiles == 0
+        if task == "token-classification":
+            # Its pipeline pads nothing: each sentence length compiled a graph of its own, and the row says so.
+            assert row.graphs_compiled > 1 and row.excess_graphs == row.graphs_compiled - 1
+        elif task != "audio-classification":  # wav2vec2's forward breaks into two graphs (docs/tasks.md)
+            assert row.graphs_compiled == 1 and row.excess_graphs == 0
+        # The pipeline's own answer is the decision the device made, item by item.
+        if task in ("text-classification", "image-classification", "audio-classification"):
+            assert row.pipeline_text == row.text, (row.pipeline_text, row.text)
+        else:
+            assert row.pipeline_text and row.text

@@ -126,9 +126,13 @@ def test_tiny_zoo_sweep_passes_every_architecture_with_four_workers_over_four_co
         assert rate == pytest.approx(run["decode_tokens_per_s"], abs=1e-3), model_id
         assert ttft + run["decode_s"] <= warm_s + 0.002, (model_id, ttft, run["decode_s"], warm_s)
     # Every task of the catalog: text, a vision-language model, a real sentence-embedding model, a
-    # text-to-image pipeline and a speech recognition model.
+    # text-to-image pipeline, a speech recognition model and one model of each forward task.
     tasks = {"text-generation", "image-text-to-text", "sentence-similarity", "text-to-image"}
-    assert set(df.task) == {*tasks, "automatic-speech-recognition"}
+    forward_tasks = {"text-classification", "token-classification", "fill-mask", "image-classification"}
+    assert set(df.task) == {*tasks, *forward_tasks, "automatic-speech-recognition", "audio-classification"}
+    forward = rows[rows.task.isin({*forward_tasks, "audio-classification"})]
+    assert (forward.verdict_basis == "forward-calibrated").all() and (forward.noise_ratio <= MULTIPLE).all()
+    assert (forward.positions_checked > 0).all() and (forward.positions_disagreeing == 0).all()
     generated = df[df.task.isin(TOKEN_TASKS)]
     assert (generated.tokens.map(len) == 32).all()
     # Only one-core runs have a free-running reference to match a prefix against.

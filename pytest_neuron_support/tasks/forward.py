@@ -92,9 +92,8 @@ class ForwardTask(Task):
     takes_prompt: ClassVar[bool] = False
     fixed_input: ClassVar[str] = "it runs one forward pass over fixed inputs (sentences, a test card, a waveform)"
     generates: ClassVar[bool] = False
-    # The pipeline check reads what a pipeline's generate() returns (templates/tasks/pipeline_call.py); a
-    # forward task's pipeline calls the model's forward instead, which that check does not watch yet.
-    pipeline: ClassVar[bool] = False
+    # Each has a transformers pipeline users reach for: the pipeline check applies (forward_pipeline.py).
+    pipeline: ClassVar[bool] = True
     trainable: ClassVar[bool] = False  # train.py trains causal language modelling only
 
     def __init__(self, name: str, auto_class: str, registry: str, reading: Reading) -> None:
@@ -105,8 +104,14 @@ class ForwardTask(Task):
         # The input kind's fragment (its preprocessor and fixed input), then the forward pass.
         self.code = (INPUT_FRAGMENTS[reading.inputs], "forward.py")
 
+    @property
+    def pipeline_fragments(self) -> tuple[str, ...]:
+        """The pipeline check's run.py: loading through ``transformers.pipeline``, the input kind's fragment and
+        the forward's reading, then the pipeline's call (which replaces the direct path's run)."""
+        return ("pipeline.py", *self.code, "forward_pipeline.py")
+
     def prompt(self, model: ModelSpec, default: str) -> str | None:
-        return None  # it runs fixed sentences
+        return None  # it runs fixed inputs
 
     def hash_parts(self, model: ModelSpec) -> list[str]:
         audio = json.dumps(dict(AUDIO), sort_keys=True) if self.reading.inputs == "audio" else ""

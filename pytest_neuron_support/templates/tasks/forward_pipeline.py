@@ -1,0 +1,139 @@
+"""run.py's run for a forward task's pipeline check: the task's fixed inputs through the pipeline's own call
+(its preprocessing, its forward, its postprocessing), twice, as a user calls it, with the model compiled
+with the device's backend (``pipe.model = torch.compile(pipe.model, backend=<device's>)``, what a user does
+to compile a pipeline's model).
+
+The pipeline runs one input at a time (its default batch size), each padded to the direct path's length
+(``padding="max_length"``: one static shape, so one graph for every sentence). What the model returned on
+each call is read by watching the model (:class:`ForwardWatch`, a forward hook on the compiled module, run
+outside the compiled graph): its scores, read into items exactly as the direct path reads them, so the
+device's items are checked against the direct path's CPU reference by the same rule. The pipeline's own
+answers (its labels, its tags, its words) are kept beside them.
+
+A model the pipeline did not put on the asked device (pipeline.py's placement) is not run: the result says
+where it is, and the check FAILs it.
+
+Spliced into run.py last, after the input kind's fragment and forward.py, whose ``run_task`` and
+``COMPILED_CALL`` the ones here replace.
+"""
+
+from __future__ import annotations
+
+from run import SPEC, cold_then_warm, fixed_audio, fixed_image, forward_texts, placement, read_items
+
+# isort: split
+# @@TASK@@
+#: What compiles (the message of a run that compiled nothing names it).
+COMPILED_CALL = "the pipeline's forward pass"  # replaces forward.py's
+
+
+class ForwardWatch:
+    """A forward hook on the pipeline's model: keeps each call's inputs and output, as the model gave them."""
+
+    def __init__(self, module):
+        self.calls = []
+        self.handle = module.register_forward_hook(self, with_kwargs=True)
+
+    def __call__(self, module, args, kwargs, output):
+        self.calls.append((dict(kwargs), output))
+
+
+def pipeline_inputs(torch, pipe):
+    """(what the pipeline is called with, its call's keywords): the direct path's inputs, as a user hands them."""
+    options = SPEC["task_options"]
+    kind = options["input"]
+    if kind == "text":
+        texts = forward_texts(pipe.tokenizer)
+        keywords = {"padding": "max_length", "truncation": True, "max_length": options["length"]}
+        if SPEC["task"] == "token-classification":
+            # Its pipeline takes no padding argument: each sentence runs at its own length, so each length
+            # compiles a graph of its own (the row's graphs_compiled says how many), as a user's pipeline would.
+            return texts, {"ignore_labels": []}
+        if SPEC["task"] == "fill-mask":
+            return texts, {"top_k": 1, "tokenizer_kwargs": keywords}
+        return texts, keywords
+    if kind == "image":
+        from PIL import Image
+
+        card = fixed_image(torch, *SPEC["image_size"])
+        return [Image.fromarray(c.permute(1, 2, 0).numpy()) for c in (card, card.flip(-1))], {"top_k": 1}
+    wave = fixed_audio(torch)
+    rate = options["audio"]["sample_rate"]
+    return [{"raw": w.numpy(), "sampling_rate": rate} for w in (wave, wave.flip(0))], {"top_k": 1}
+
+
+def read_calls(torch, calls, tokenizer, model):
+    """Every call's items, in input order, as the direct path reads one batch (the input's index restored)."""
+    vectors, items, decisions, labels = [], [], [], []
+    for index, (inputs, output) in enumerate(calls):
+        batch = {key: value.to("cpu") for key, value in inputs.items() if hasattr(value, "to")}
+        special = None
+        if "input_ids" in batch:
+            ids = batch["input_ids"].tolist()
+            masks = [tokenizer.get_special_tokens_mask(row, already_has_special_tokens=True) for row in ids]
+            special = torch.tensor(masks)
+        scores = getattr(output, SPEC["task_options"]["output"])
+        v, found, d, names = read_items(torch, batch, special, scores, model, tokenizer)
+        vectors += v
+        items += [[index, *position[1:]] for position in found]
+        decisions += d
+        labels += names
+    return vectors, items, decisions, labels
+
+
+def pipeline_answers(said):
+    """What the pipeline itself answered, one line per input (its top label, its tags, its word)."""
+    lines = []
+    for answer in said:
+        first = answer[0] if isinstance(answer, list) and answer and isinstance(answer[0], dict) else answer
+        if isinstance(answer, list) and answer and "entity" in answer[0]:
+            lines.append(" ".join(str(entity["entity"]) for entity in answer))
+        elif isinstance(first, dict):
+            lines.append(str(first.get("label", first.get("token_str", first))))
+        else:
+            lines.append(str(first))
+    return "; ".join(lines)[:1000]
+
+
+def run_task(torch, pipe, model, state):  # replaces forward.py's
+    # Read now, after the session's post-load hook ran: where the model is when it runs.
+    placed = placement(pipe)
+    if placed["model_devices"] != [SPEC["device"]["device_map"].split(":")[0]]:
+        return {"tokens": [], "ran": False, **placed}  # not on the device: the check FAILs it at load
+    tokenizer = getattr(pipe, "tokenizer", None)
+    inputs, keywords = pipeline_inputs(torch, pipe)
+    if SPEC["compile"]:
+        pipe.model = torch.compile(pipe.model, backend=SPEC["compile_backend"], dynamic=False, mode="default")
+    watch = ForwardWatch(pipe.model)
+    runs = []
+
+    def call():
+        start = len(watch.calls)
+        with torch.no_grad():
+            said = pipe(inputs, **keywords)
+        runs.append(watch.calls[start:])
+        return said
+
+    said, said_again, facts = cold_then_warm(torch, call, call)
+    watch.handle.remove()
+    if len(runs[0]) != len(inputs) or len(runs[1]) != len(inputs):
+        raise RuntimeError(
+            f"the pipeline ran the model {len(runs[0])} and {len(runs[1])} times for {len(inputs)} inputs, "
+            "not once each"
+        )
+    vectors, items, decisions, labels = read_calls(torch, runs[0], tokenizer, model)
+    again = read_calls(torch, runs[1], tokenizer, model)[0]
+    return {
+        "ran": True,
+        "outputs": vectors,
+        "items": items,
+        "decisions": decisions,
+        "decision_labels": labels,
+        "tokens": [],
+        "text": "; ".join(labels)[:1000],
+        "pipeline_text": pipeline_answers(said),
+        "pipeline_text_again": pipeline_answers(said_again),
+        "repeat_identical": vectors == again,
+        **facts,
+        **placed,
+    }
