@@ -1,7 +1,7 @@
 """Forward tasks (text, token, image and audio classification, fill-mask): one compiled forward pass, its
 outputs under the calibrated tolerance rule and its decisions where the CPU is decisive. The rules as pure
-functions, then the tiny zoo's three models through the plugin as users run them, healthy and with a
-fault planted in each one's head on the device side only."""
+functions, then the tiny zoo's five forward models through the plugin as users run them, healthy, with a
+fault planted in each one's head on the device side only, and through their pipelines."""
 
 from __future__ import annotations
 
@@ -30,13 +30,39 @@ from pytest_neuron_support.verdict.tolerance import FLOOR, MULTIPLE, calibrated_
 
 def test_top_two_gives_the_winner_and_its_lead() -> None:
     assert top_two([0.1, 2.0, 1.5]) == (1, pytest.approx(0.5))
-    assert top_two([3.0]) == (0, math.inf)
+    assert top_two([1.0, -math.inf]) == (0, math.inf)  # a lead over a masked class
     assert math.isnan(top_two([1.0, math.nan])[1])
 
 
-def test_the_noise_is_what_rounding_moved_at_least_the_floor() -> None:
+def test_the_noise_is_how_far_rounding_moves_the_lead_at_least_the_floor() -> None:
+    # The lead (2 - 1) moved by 0.5; one score's typical move is 0.5 / sqrt(2), a difference's 0.5.
     assert noise_of([1.0, 2.0], [1.0, 2.5]) == pytest.approx(0.5)
     assert noise_of([10.0, -20.0], [10.0, -20.0]) == pytest.approx(FLOOR * 20.0)
+    # Both winners moved alike, so the lead did not move: the typical move of the others still counts, so a
+    # lead that rounding happened to leave alone is not taken as exact.
+    moved = noise_of([5.0, 4.0, 0.0, 0.0], [5.1, 4.1, 0.1, -0.1])
+    assert moved == pytest.approx(math.sqrt(2 * (4 * 0.01) / 4))
+    # Over a vocabulary, one far-off score does not make every lead a near-tie: the lead's own move decides.
+    vocabulary = [0.0] * 999 + [3.0]
+    assert noise_of(vocabulary, [*([0.0] * 998), 0.5, 3.0]) < 0.05
+    # NaN anywhere, or an inf the other side lacks: no noise can be known.
+    assert noise_of([1.0, 2.0], [math.nan, 2.0]) == math.inf == noise_of([1.0, 2.0], [1.0, math.nan])
+
+
+def test_a_one_score_head_decides_by_its_sign() -> None:
+    # A reranker's single logit: positive is 1, its lead is its distance from 0.
+    assert top_two([-2.5]) == (0, 2.5) and top_two([0.7]) == (1, pytest.approx(0.7))
+    flipped = compare_decisions([[0.3]], [[-5.0]], [[-5.01]])
+    assert not flipped.match and (flipped.device, flipped.cpu) == (1, 0)
+    assert compare_decisions([[-4.9]], [[-5.0]], [[-5.01]]).match
+
+
+def test_a_class_masked_with_minus_inf_on_both_sides_is_no_fault() -> None:
+    masked = [[-math.inf, 1.0, 0.0]]
+    assert compare_decisions(masked, masked, masked).match
+    # An inf the CPU does not have is the device's fault, decisively.
+    found = compare_decisions([[math.inf, 1.0, 0.0]], [[0.5, 1.0, 0.0]], [[0.5, 1.0, 0.0]])
+    assert not found.match and found.decisive_disagreeing == 1
 
 
 def test_agreeing_decisions_match() -> None:

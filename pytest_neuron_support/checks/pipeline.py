@@ -10,11 +10,13 @@ direct path's generation settings (``templates/tasks/pipeline_call.py``). Two qu
   FAILs at ``load`` with basis ``placement``, saying where it is, and is not run.
 * Does its output equal the direct path's? Its tokens are checked exactly as the direct path's are: against
   the direct path's free-running CPU reference (the same cached reference the inference row uses, so
-  ``reference_match`` says whether the two paths agree) and teacher-forced on CPU.
+  ``reference_match`` says whether the two paths agree) and teacher-forced on CPU. A forward task's pipeline
+  (``templates/tasks/forward_pipeline.py``) calls the model's forward instead: its scores are judged by the
+  forward rule against the direct path's CPU reference.
 
 It applies to the tasks users reach for a pipeline for (a task row's ``pipeline``: text generation,
-image-text-to-text, speech recognition). A pipeline runs in one process on one device, so a model whose
-plan needs more than one core is SKIPPED at ``plan`` (its inference row shards it).
+image-text-to-text, speech recognition, every forward task). A pipeline runs in one process on one device,
+so a model whose plan needs more than one core is SKIPPED at ``plan`` (its inference row shards it).
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ class PipelineCheck(InferenceCheck):
     folder = "pipeline"
     summary = (
         "run.py through transformers.pipeline(task, model=id, device=<device>): the model must sit on the device, "
-        "its tokens checked against the direct path's CPU reference"
+        "its output checked against the direct path's CPU reference"
     )
 
     def applies_to(self, task: Task) -> bool:

@@ -641,7 +641,7 @@ class Row:
     )
     disagreement_device_token: int | None = field(
         default=None,
-        metadata=_doc("the device's token at first_disagreement (forward tasks: its top-1 label or token id)"),
+        metadata=_doc("the device's token at first_disagreement (forward tasks: its top-1 index)"),
     )
     disagreement_cpu_token: int | None = field(
         default=None, metadata=_doc("the CPU top-1 at first_disagreement (forward tasks: the CPU's float32 top-1)")

@@ -71,8 +71,8 @@ class RunSpec:
         world_size: ranks to spawn (one per leased core); 1 runs in the script's own process.
         distributed_configs: ``DistributedConfig`` keyword sets to try in order (the first
             that loads is used and recorded); empty when not sharded.
-        sentences: the sentences an embedding task embeds (empty for generation tasks).
-        image_size: (width, height) of the test card run.py draws for image-text-to-text.
+        sentences: the sentences an embedding or a text forward task feeds its model (empty for generation).
+        image_size: (width, height) of the test card run.py draws (image-text-to-text, image classification).
         forced_tokens: set for the teacher-forced CPU check: the device's tokens, scored under the
             device's own prefix in one forward pass instead of generating; None otherwise.
         score_own_tokens: a generating run also scores its own tokens teacher-forced (CPU

@@ -6,10 +6,11 @@ mask. Each item is a vector of scores (its logits) and its decision is the vecto
 themselves are judged by the calibrated tolerance rule (``verdict.tolerance``); this module judges the
 decisions read from them.
 
-An item's decision is **decisive** when the CPU's float32 margin (top-1 score minus top-2) is larger
-than rounding alone can close: more than :data:`~.tolerance.MULTIPLE` times the largest amount the CPU's
-own run in the device's dtype moved any score of that item (at least :data:`~.tolerance.FLOOR` of the
-item's largest score). That is the calibrated rule applied to a margin instead of a distance: no constant
+An item's decision is **decisive** when the CPU's float32 margin (top-1 score minus top-2; a one-score
+head's distance from 0) is larger than rounding alone can close: more than :data:`~.tolerance.MULTIPLE`
+times how far the CPU's own run in the device's dtype moves that margin (:func:`noise_of`: the move it made,
+at least the typical move of a difference of two scores, at least :data:`~.tolerance.FLOOR` of the item's
+largest score). That is the calibrated rule applied to a margin instead of a distance: no constant
 measured on a toy. A device decision that differs where the CPU was decisive is a FAIL; one that differs
 at a **near-tie** (a margin rounding can close) is reported in the row, not failed, as the token check
 treats a near-tie.
@@ -85,21 +86,47 @@ def _name(labels: Sequence[str], index: int, label_id: int | None) -> str:
     return f"{name!r} ({label_id})" if name is not None else str(label_id)
 
 
+def finite(scores: Sequence[float]) -> bool:
+    return all(math.isfinite(x) for x in scores)
+
+
+def same_infinities(scores: Sequence[float], reference: Sequence[float]) -> bool:
+    """No NaN, and every infinite score is the reference's at the same place (a head that masks a class with
+    -inf on both sides is not a fault; a NaN, or an inf the reference does not have, is)."""
+    return all(math.isfinite(x) or x == y for x, y in zip(scores, reference, strict=True))
+
+
 def top_two(scores: Sequence[float]) -> tuple[int, float]:
-    """(the index of the largest score, its lead over the second largest); a lone score leads by inf, and
-    a vector holding NaN leads by NaN (nothing about it is decisive)."""
-    if not all(math.isfinite(s) for s in scores):
-        return (max(range(len(scores)), key=lambda i: scores[i] if math.isfinite(scores[i]) else -math.inf), math.nan)
+    """(an item's decision, its lead): the index of the largest score and its lead over the second largest;
+    for a one-score head (a reranker, a binary classifier with one logit, which its pipeline reads through a
+    sigmoid) whether the score is positive (1) or not (0), leading by its distance from 0. A vector holding
+    NaN leads by NaN (nothing about it is decisive); a lead over -inf is inf, and +inf over +inf is NaN."""
+    if not scores:
+        return 0, math.nan
+    if any(math.isnan(x) for x in scores):
+        return max(range(len(scores)), key=lambda i: scores[i] if not math.isnan(scores[i]) else -math.inf), math.nan
+    if len(scores) == 1:
+        return int(scores[0] > 0), abs(scores[0])
     order = sorted(range(len(scores)), key=lambda i: scores[i], reverse=True)
-    lead = scores[order[0]] - scores[order[1]] if len(order) > 1 else math.inf
-    return order[0], lead
+    return order[0], scores[order[0]] - scores[order[1]]
 
 
 def noise_of(float32: Sequence[float], in_dtype: Sequence[float]) -> float:
-    """The most the CPU's dtype rounding moved one score of an item, at least :data:`FLOOR` of its largest."""
-    moved = max((abs(a - b) for a, b in zip(in_dtype, float32, strict=True)), default=0.0)
-    scale = max((abs(x) for x in float32), default=0.0)
-    return max(moved, FLOOR * scale) if math.isfinite(moved) else math.inf
+    """How far the CPU's own dtype rounding can move an item's lead: the larger of how far it moved the
+    float32 lead itself (the top-1 minus the top-2, read at the float32 winners) and the typical move of a
+    difference of two scores (sqrt(2) x the root-mean-square move of one score), so that a lead that rounding
+    happened to leave alone is not taken as exact; at least :data:`FLOOR` of the item's largest finite score.
+    Scores infinite alike on both sides (a masked class) are left out; any other NaN or inf makes it inf."""
+    if not float32 or not same_infinities(in_dtype, float32) or any(math.isnan(x) for x in float32):
+        return math.inf
+    kept = [i for i, x in enumerate(float32) if math.isfinite(x)]
+    if not kept:
+        return math.inf
+    moves = {i: in_dtype[i] - float32[i] for i in kept}
+    typical = math.sqrt(2.0 * math.fsum(m * m for m in moves.values()) / len(moves))
+    order = sorted(kept, key=lambda i: float32[i], reverse=True)
+    lead_moved = abs(moves[order[0]] - moves[order[1]]) if len(order) > 1 else abs(moves[order[0]])
+    return max(lead_moved, typical, FLOOR * max(abs(float32[i]) for i in kept))
 
 
 def compare_decisions(
@@ -119,12 +146,14 @@ def compare_decisions(
     for i, (d, f, r) in enumerate(zip(device, float32, in_dtype, strict=True)):
         mine, _ = top_two(d)
         theirs, lead = top_two(f)
-        if mine == theirs and math.isfinite(sum(d)):
+        if mine == theirs and same_infinities(d, f):
             continue
         noise = noise_of(f, r)
         disagreeing.append(i)
-        # A device item holding NaN/inf never agrees; a CPU margin that is not a number decides nothing.
-        if not math.isfinite(sum(d)) or (math.isfinite(lead) and lead > MULTIPLE * noise) or math.isinf(lead):
+        # A device item holding NaN, or an inf the CPU does not have, never agrees, and that is decisive; a CPU
+        # lead over a masked (-inf) class is decisive; where the CPU's own lead or noise is not a number (its
+        # float32 or its dtype run overflowed), nothing it decides is decisive.
+        if not same_infinities(d, f) or (not math.isnan(lead) and lead > MULTIPLE * noise):
             decisive.append(i)
         facts[i] = (mine, theirs, lead, noise)
     first = decisive[0] if decisive else (disagreeing[0] if disagreeing else None)

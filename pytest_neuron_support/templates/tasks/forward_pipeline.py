@@ -19,7 +19,7 @@ Spliced into run.py last, after the input kind's fragment and forward.py, whose 
 
 from __future__ import annotations
 
-from run import SPEC, cold_then_warm, fixed_audio, fixed_image, forward_texts, placement, read_items
+from run import SPEC, cold_then_warm, fixed_audio, fixed_image, forward_texts, identical, placement, read_items
 
 # isort: split
 # @@TASK@@
@@ -28,14 +28,16 @@ COMPILED_CALL = "the pipeline's forward pass"  # replaces forward.py's
 
 
 class ForwardWatch:
-    """A forward hook on the pipeline's model: keeps each call's inputs and output, as the model gave them."""
+    """A forward hook on the pipeline's model: keeps each call's inputs and its scores, copied to the host at
+    once (a backend that reuses its output buffers must not let a later call overwrite an earlier one's)."""
 
     def __init__(self, module):
         self.calls = []
         self.handle = module.register_forward_hook(self, with_kwargs=True)
 
     def __call__(self, module, args, kwargs, output):
-        self.calls.append((dict(kwargs), output))
+        scores = getattr(output, SPEC["task_options"]["output"]).detach().to("cpu", copy=True)
+        self.calls.append(({key: value for key, value in kwargs.items() if hasattr(value, "to")}, scores))
 
 
 def pipeline_inputs(torch, pipe):
@@ -62,17 +64,19 @@ def pipeline_inputs(torch, pipe):
     return [{"raw": w.numpy(), "sampling_rate": rate} for w in (wave, wave.flip(0))], {"top_k": 1}
 
 
-def read_calls(torch, calls, tokenizer, model):
+def read_calls(torch, calls, texts, tokenizer, model):
     """Every call's items, in input order, as the direct path reads one batch (the input's index restored)."""
     vectors, items, decisions, labels = [], [], [], []
-    for index, (inputs, output) in enumerate(calls):
-        batch = {key: value.to("cpu") for key, value in inputs.items() if hasattr(value, "to")}
+    for index, (inputs, scores) in enumerate(calls):
+        batch = {key: value.to("cpu") for key, value in inputs.items()}
         special = None
-        if "input_ids" in batch:
-            ids = batch["input_ids"].tolist()
-            masks = [tokenizer.get_special_tokens_mask(row, already_has_special_tokens=True) for row in ids]
-            special = torch.tensor(masks)
-        scores = getattr(output, SPEC["task_options"]["output"])
+        if SPEC["task_options"]["read"] == "tokens":
+            # The tokenizer's own special-tokens mask, as the direct path reads it (an [UNK] or a <mask> is a
+            # word-piece, not a special token): the sentence tokenized again as the pipeline tokenized it.
+            special = tokenizer(texts[index], return_special_tokens_mask=True, return_tensors="pt")
+            special = special["special_tokens_mask"]
+            if special.shape != batch["input_ids"].shape:
+                raise RuntimeError(f"sentence {index}: the pipeline's tokens are not its tokenizer's own")
         v, found, d, names = read_items(torch, batch, special, scores, model, tokenizer)
         vectors += v
         items += [[index, *position[1:]] for position in found]
@@ -121,8 +125,9 @@ def run_task(torch, pipe, model, state):  # replaces forward.py's
             f"the pipeline ran the model {len(runs[0])} and {len(runs[1])} times for {len(inputs)} inputs, "
             "not once each"
         )
-    vectors, items, decisions, labels = read_calls(torch, runs[0], tokenizer, model)
-    again = read_calls(torch, runs[1], tokenizer, model)[0]
+    texts = inputs if SPEC["task_options"]["input"] == "text" else None
+    vectors, items, decisions, labels = read_calls(torch, runs[0], texts, tokenizer, model)
+    again = read_calls(torch, runs[1], texts, tokenizer, model)[0]
     return {
         "ran": True,
         "outputs": vectors,
@@ -133,7 +138,7 @@ def run_task(torch, pipe, model, state):  # replaces forward.py's
         "text": "; ".join(labels)[:1000],
         "pipeline_text": pipeline_answers(said),
         "pipeline_text_again": pipeline_answers(said_again),
-        "repeat_identical": vectors == again,
+        "repeat_identical": identical(vectors, again),
         **facts,
         **placed,
     }
