@@ -73,6 +73,12 @@ MODELS = [
     ),
     ModelRecord("org/mpnet-embed", downloads=5000, trending_score=70, pipeline_tag="sentence-similarity"),
     ModelRecord("org/bge-features", downloads=800, trending_score=5, pipeline_tag="feature-extraction"),
+    # The forward tasks' leaders: one each.
+    ModelRecord("distilbert/sst2", downloads=6000, trending_score=12, pipeline_tag="text-classification"),
+    ModelRecord("dslim/ner", downloads=3000, trending_score=9, pipeline_tag="token-classification"),
+    ModelRecord("google-bert/base", downloads=9000, trending_score=15, pipeline_tag="fill-mask"),
+    ModelRecord("google/vit", downloads=4000, trending_score=7, pipeline_tag="image-classification"),
+    ModelRecord("superb/ks", downloads=900, trending_score=3, pipeline_tag="audio-classification"),
     ModelRecord(
         "secret/private-gen", downloads=10**7, trending_score=1000, pipeline_tag="text-generation", private=True
     ),

@@ -119,6 +119,12 @@ def test_the_pipeline_check_applies_to_the_tasks_users_run_pipelines_for_on_one_
         "text-generation",
         "image-text-to-text",
         "automatic-speech-recognition",
+        # The forward tasks' pipelines call the model's forward (templates/tasks/forward_pipeline.py).
+        "text-classification",
+        "token-classification",
+        "fill-mask",
+        "image-classification",
+        "audio-classification",
     }
     assert checks_of(ModelSpec(id="m", task="sentence-similarity"), ["inference", "pipeline"]) == ("inference",)
     settings = settings_on("cpu", neuron_cores=16)

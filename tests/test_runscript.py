@@ -83,6 +83,11 @@ LIBRARIES = {
     # diffusers loads the pipeline's text encoders and tokenizers from transformers without depending on it.
     "text-to-image": ("diffusers", "pillow", "transformers"),
     "automatic-speech-recognition": ("transformers",),
+    "text-classification": ("transformers",),
+    "token-classification": ("transformers",),
+    "fill-mask": ("transformers",),
+    "image-classification": ("pillow", "transformers"),
+    "audio-classification": ("transformers",),
 }
 
 
@@ -116,6 +121,11 @@ def test_every_task_renders_its_loading_path() -> None:
         "sentence-similarity": ("AutoModel", "embedding"),
         "text-to-image": ("DiffusionPipeline", "text-to-image"),
         "automatic-speech-recognition": ("AutoModelForSpeechSeq2Seq", "audio"),
+        "text-classification": ("AutoModelForSequenceClassification", "forward"),
+        "token-classification": ("AutoModelForTokenClassification", "forward"),
+        "fill-mask": ("AutoModelForMaskedLM", "forward"),
+        "image-classification": ("AutoModelForImageClassification", "forward"),
+        "audio-classification": ("AutoModelForAudioClassification", "forward"),
     }
     assert set(TASKS) == set(TABLE) == set(expected)
     # Each task's run.py holds its own code (its fragments) and no other task's.
@@ -128,6 +138,7 @@ def test_every_task_renders_its_loading_path() -> None:
         "embedding.py": "def pool(",
         "generation.py": "def run_generation(",
         "text_to_image.py": "class StageTape",
+        "forward.py": "def run_forward(",
     }
     for task in TASKS:
         source = render(spec(task=task, sentences=("a b", "c"), **TABLE[task].script_fields()))

@@ -19,7 +19,17 @@ Spliced into run.py last, after the input kind's fragment and forward.py, whose 
 
 from __future__ import annotations
 
-from run import SPEC, cold_then_warm, fixed_audio, fixed_image, forward_texts, identical, placement, read_items
+from run import (
+    SPEC,
+    cold_then_warm,
+    fixed_audio,
+    fixed_image,
+    forward_texts,
+    identical,
+    pil_image,
+    placement,
+    read_items,
+)
 
 # isort: split
 # @@TASK@@
@@ -55,10 +65,8 @@ def pipeline_inputs(torch, pipe):
             return texts, {"top_k": 1, "tokenizer_kwargs": keywords}
         return texts, keywords
     if kind == "image":
-        from PIL import Image
-
         card = fixed_image(torch, *SPEC["image_size"])
-        return [Image.fromarray(c.permute(1, 2, 0).numpy()) for c in (card, card.flip(-1))], {"top_k": 1}
+        return [pil_image(c) for c in (card, card.flip(-1))], {"top_k": 1}
     wave = fixed_audio(torch)
     rate = options["audio"]["sample_rate"]
     return [{"raw": w.numpy(), "sampling_rate": rate} for w in (wave, wave.flip(0))], {"top_k": 1}

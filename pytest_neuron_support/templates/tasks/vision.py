@@ -47,11 +47,16 @@ def task_inputs(torch, preprocessor, model):
     return inputs, preprocessor.tokenizer
 
 
+def pil_image(card):
+    """A card (uint8, channels first) as the PIL image a user hands a pipeline."""
+    from PIL import Image
+
+    return Image.fromarray(card.permute(1, 2, 0).numpy())
+
+
 def pipeline_call(torch, pipe, kwargs):
     """The pipeline check's call: the same test card (as the PIL image a user hands a pipeline) and prompt in
     one chat turn, which the pipeline puts through the processor's chat template itself."""
-    from PIL import Image
-
-    image = Image.fromarray(fixed_image(torch, *SPEC["image_size"]).permute(1, 2, 0).numpy())
+    image = pil_image(fixed_image(torch, *SPEC["image_size"]))
     content = [{"type": "image", "image": image}, {"type": "text", "text": SPEC["prompt"]}]
     return pipe(text=[{"role": "user", "content": content}], generate_kwargs=kwargs)
