@@ -1,7 +1,8 @@
-"""Forward tasks (text, token, image and audio classification, fill-mask): one compiled forward pass, its
-outputs under the calibrated tolerance rule and its decisions where the CPU is decisive. The rules as pure
-functions, then the tiny zoo's five forward models through the plugin as users run them, healthy, with a
-fault planted in each one's head on the device side only, and through their pipelines."""
+"""Forward tasks (text, token, image and audio classification, fill-mask, image features, depth, object
+detection, segmentation): one compiled forward pass, its outputs under the calibrated tolerance rule and its
+decisions where the CPU is decisive. The rules as pure functions, then the tiny zoo's forward models through
+the plugin as users run them, healthy, with a fault planted in each one's head on the device side only, and
+through their pipelines."""
 
 from __future__ import annotations
 
@@ -19,8 +20,8 @@ from faultkit import assert_outcomes
 from pytest_neuron_support import zoo
 from pytest_neuron_support.base.storage import slug
 from pytest_neuron_support.run.runscript import TEST_CARD_SIZE, template, with_spec
-from pytest_neuron_support.tasks.forward import INPUT_FRAGMENTS, ForwardTask
-from pytest_neuron_support.tasks.table import TASKS
+from pytest_neuron_support.tasks.forward import INPUT_FRAGMENTS, ITEMS, ForwardTask, Reading
+from pytest_neuron_support.tasks.table import TASKS, task_of
 from pytest_neuron_support.verdict import decide
 from pytest_neuron_support.verdict.decisions import compare_decisions, noise_of, top_two
 from pytest_neuron_support.verdict.tolerance import FLOOR, MULTIPLE, calibrated_outputs
@@ -133,13 +134,30 @@ def test_every_forward_row_reads_an_output_its_fragment_knows() -> None:
     rows = [task for task in TASKS.values() if isinstance(task, ForwardTask)]
     assert {task.name for task in rows} >= set(MODELS)
     for task in rows:
-        assert task.reading.items in ("sequence", "tokens", "mask") and task.fragments[-1] == "forward.py"
+        assert task.reading.items in ITEMS and task.fragments[-1] == "forward.py"
         assert task.fragments[:2] == ("transformers.py", INPUT_FRAGMENTS[task.reading.inputs])
-        # Only a text task reads word-pieces or masks (an image's or a waveform's item is the whole input).
-        assert task.reading.inputs == "text" or task.reading.items == "sequence"
+        # Word-pieces and masks are a text's items; queries and pixels an image's.
+        assert task.reading.inputs == "text" or task.reading.items not in ("tokens", "mask")
+        assert task.reading.inputs == "image" or task.reading.items not in ("positions", "pixels")
+        # A task without a decision reads each input's whole output (its features, its depth map).
+        assert task.reading.decides or task.reading.items == "sequence"
         assert task.registry is not None and not task.generates and not task.takes_prompt
         if task.reading.items == "mask":
             assert all("{mask}" in sentence for sentence in task.reading.sentences)
+
+
+def test_a_reading_with_items_run_py_cannot_read_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"Reading\.items = .boxes.: one of sequence, tokens, mask, positions, pixels"):
+        Reading("logits", "boxes")
+
+
+def test_a_numbers_only_verdict_is_the_calibrated_tolerance_alone() -> None:
+    f32 = [[1.0, 2.0, 3.0]]
+    noise = [[1.001, 2.002, 2.997]]
+    ok = decide.forward(calibrated_outputs("depth", [[1.0005, 2.001, 2.999]], f32, noise), None, "d depth")
+    assert (ok.result, ok.verdict_basis) == ("PASS", decide.FORWARD_BASIS)
+    bad = decide.forward(calibrated_outputs("depth", [[3.0, 2.0, 1.0]], f32, noise), None, "d depth")
+    assert bad.result == "FAIL" and "d depth: depth at step 0" in str(bad.error) and "decisions" not in str(bad.error)
 
 
 # --- through the plugin -------------------------------------------------------------------------------
@@ -151,19 +169,38 @@ MODELS = {
     "fill-mask": "tiny-random/roberta",
     "image-classification": "tiny-random/vit",
     "audio-classification": "tiny-random/wav2vec2-ks",
+    "image-feature-extraction": "tiny-random/dinov2",
+    "depth-estimation": "tiny-random/depth-anything",
+    "object-detection": "tiny-random/yolos",
+    "image-segmentation": "tiny-random/segformer",
 }
 FAULTY = "faulty"
 
-# Test-only fault in the device run (the CPU reference stays clean): the head's scores rolled by one along
-# their last axis, as a head kernel that writes each class's score into its neighbour's slot would. A hook
-# on the head module: Dynamo compiles it into the graph with the head.
-ROLL_HEAD = f"""
+#: Test-only faults in the device run (the CPU reference stays clean), by model: the head module and what
+#: the fault does to its output. Class scores are rolled by one along their class axis, as a head kernel that
+#: writes each class's score into its neighbour's slot would (a segmentation's classes are its second axis);
+#: numbers without a decision (features, a depth map) are mirrored along their last axis. A hook on the head
+#: module: Dynamo compiles it into the graph with the head.
+ROLL = "out.roll(1, dims=-1)"
+HEADS = {
+    "distilbert-sst2": ("model.classifier", ROLL),
+    "bert-ner": ("model.classifier", ROLL),
+    "roberta": ("model.get_output_embeddings()", ROLL),
+    "vit": ("model.classifier", ROLL),
+    "wav2vec2-ks": ("model.classifier", ROLL),
+    "dinov2": ("model.layernorm", "out.flip(-1)"),
+    "depth-anything": ("model.head", "out.flip(-1)"),
+    "yolos": ("model.class_labels_classifier", ROLL),
+    "segformer": ("model.decode_head.classifier", "out.roll(1, dims=1)"),
+}
+FAULT_HOOK = f"""
+HEADS = {HEADS!r}
+
+
 def pytest_neuron_support_post_load(config, model):
     if model.id.startswith({FAULTY + "/"!r}):
-        return (
-            "head = model.get_output_embeddings() or model.classifier\\n"
-            "head.register_forward_hook(lambda module, args, out: out.roll(1, dims=-1))\\n"
-        )
+        head, fault = HEADS[model.id.split("/", 1)[1]]
+        return f"head = {{head}}\\nhead.register_forward_hook(lambda module, args, out: {{fault}})\\n"
     return None
 """
 
@@ -189,7 +226,7 @@ def forward_hub(offline_hub: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPat
 def test_each_forward_task_passes_and_a_fault_in_its_head_fails_naming_the_output_and_the_decision(
     pytester: pytest.Pytester, forward_hub: Path
 ) -> None:
-    pytester.makeconftest(ROLL_HEAD)
+    pytester.makeconftest(FAULT_HOOK)
     entries = [(repo, task) for task, repo in MODELS.items()]
     entries += [(f"{FAULTY}/{repo.split('/')[1]}", task) for repo, task in entries]
     pytester.makefile(".yaml", models="models:\n" + "".join(f"  - {{id: {r}, task: {t}}}\n" for r, t in entries))
@@ -199,32 +236,56 @@ def test_each_forward_task_passes_and_a_fault_in_its_head_fails_naming_the_outpu
     assert_outcomes(result, pytester.path / "out", passed=len(MODELS), failed=len(MODELS))
     df = pd.read_parquet(pytester.path / "out" / "data").set_index("model_id")
     for task, repo in MODELS.items():
+        reading = task_of(task).reading
         healthy = df.loc[repo]
         assert (healthy.result, healthy.task, healthy.verdict_basis) == ("PASS", task, "forward-calibrated")
         assert healthy.reference_match and healthy.reference_dtype == "float32" and healthy["dtype"] == "bfloat16"
-        assert healthy.evidence_stage == "logits" and 0 < healthy.noise_ratio <= MULTIPLE
-        assert healthy.positions_checked == len(healthy.numeric_stages) > 0 and healthy.positions_disagreeing == 0
+        assert healthy.evidence_stage in reading.outputs and 0 < healthy.noise_ratio <= MULTIPLE
+        # Every output is compared item by item (a detector's boxes beside its scores).
+        assert {stage.split("[")[0] for stage in healthy.numeric_stages} == set(reading.outputs)
+        items = len(healthy.numeric_stages) // len(reading.outputs)
+        if reading.decides:
+            assert healthy.positions_checked == items > 0 and healthy.positions_disagreeing == 0
+        else:
+            assert pd.isna(healthy.positions_checked) and items == 2  # the test card and its mirror image
         # One static shape: nothing compiles twice (wav2vec2's forward breaks into two graphs, which its row
         # records as graph breaks: docs/tasks.md).
         assert healthy.graphs_compiled >= 1 and healthy.recompiles == 0 and len(healthy.tokens) == 0 and healthy.text
-        assert "AutoModelFor" in healthy.runscript and "def run_forward(" in healthy.runscript
+        assert "AutoModel" in healthy.runscript and "def run_forward(" in healthy.runscript
 
         faulty = df.loc[f"{FAULTY}/{repo.split('/')[1]}"]
         assert (faulty.result, faulty.failure_stage, faulty.verdict_basis) == ("FAIL", "parity", "forward-calibrated")
         assert not faulty.reference_match and faulty.noise_ratio > MULTIPLE
         # The error names the output out of tolerance and the decision that differs, with both sides' labels.
-        assert f"{task} logits: logits at step 0: relative distance from float32" in faulty.error
-        assert f"{task} decisions: " in faulty.error and "where the CPU was decisive" in faulty.error
-        assert faulty.positions_disagreeing > 0 and faulty.disagreements_near_tie is False
+        what = f"{task} {'/'.join(reading.outputs)}: {reading.output} at step 0: relative distance from float32"
+        assert what in faulty.error, faulty.error
+        if reading.decides:
+            assert f"{task} decisions: " in faulty.error and "where the CPU was decisive" in faulty.error
+            assert faulty.positions_disagreeing > 0 and faulty.disagreements_near_tie is False
+        else:
+            assert "decisions" not in faulty.error
         assert "register_forward_hook" in faulty.runscript
 
     # run.py reads each decision as transformers' own pipeline does: the CPU reference's labels are the
     # pipeline's (in a subprocess: torch imported inside a pytester test would be dropped from sys.modules).
     for task, repo in MODELS.items():
+        if task not in PIPELINE_LABELS:
+            continue
         reference = json.loads(
             (pytester.path / "out" / "runs" / slug(repo) / "cpu" / "reference" / "result.json").read_text()
         )
         assert pipeline_labels(task, repo, reference["items"]) == reference["decision_labels"], task
+
+
+#: The tasks whose pipeline answers one label per item run.py reads (a detector's pipeline keeps only the
+#: queries above its threshold, a segmentation's one mask per label: the pipeline check compares those).
+PIPELINE_LABELS = (
+    "text-classification",
+    "token-classification",
+    "fill-mask",
+    "image-classification",
+    "audio-classification",
+)
 
 
 def pipeline_labels(task: str, repo: str, items: list[list[int | None]]) -> list[str]:
@@ -272,28 +333,49 @@ print(json.dumps(labels))
 def test_each_forward_task_passes_through_its_pipeline_and_the_pipeline_answers_what_the_device_decided(
     pytester: pytest.Pytester, offline_hub: Path
 ) -> None:
-    entries = "".join(f"  - {{id: {repo}, task: {task}, checks: [pipeline]}}\n" for task, repo in MODELS.items())
+    entries = "".join(
+        f"  - {{id: {repo}, task: {task}, checks: [pipeline]{DEPTH_BF16 if task == 'depth-estimation' else ''}}}\n"
+        for task, repo in MODELS.items()
+    )
     pytester.makefile(".yaml", models="models:\n" + entries)
     result = pytester.runpytest_subprocess(
         "--device=cpu", "-n", "2", "--results-dir=out", "--reference-cache=none", "--model-timeout=900"
     )
-    assert_outcomes(result, pytester.path / "out", passed=len(MODELS))
+    assert_outcomes(result, pytester.path / "out", passed=len(MODELS) - 1, xfailed=1)
     df = pd.read_parquet(pytester.path / "out" / "data").set_index("model_id")
     for task, repo in MODELS.items():
         row = df.loc[repo]
+        if task == "depth-estimation":
+            # transformers' depth pipeline cannot postprocess a bfloat16 depth map (numpy has no bfloat16): the
+            # pipeline fails after the forward pass, the row says where and why, and the catalog's expectation
+            # holds it as known.
+            assert (row.check, row.result, row.expectation) == ("pipeline", "ERROR", "met"), task
+            assert "TypeError: Got unsupported ScalarType BFloat16" in row.error
+            continue
+        reading = task_of(task).reading
         assert (row.check, row.result, row.verdict_basis) == ("pipeline", "PASS", "forward-calibrated"), task
         assert list(row.model_devices) == ["cpu"] and row.pipeline_class.endswith("Pipeline")
-        assert row.positions_checked == len(row.numeric_stages) > 0 and row.noise_ratio <= MULTIPLE
+        items = len(row.numeric_stages) // len(reading.outputs)
+        assert items > 0 and row.noise_ratio <= MULTIPLE
+        assert row.positions_checked == items if reading.decides else pd.isna(row.positions_checked)
         assert "pipe.model = torch.compile(pipe.model" in row.runscript and row.graphs_compiled >= 1
         # The warm second call compiles nothing new.
         assert row.recompiles == 0
         if task == "token-classification":
             # Its pipeline pads nothing: each sentence length compiled a graph of its own, and the row says so.
             assert row.graphs_compiled > 1 and row.excess_graphs == row.graphs_compiled - 1
-        elif task != "audio-classification":  # wav2vec2's forward breaks into two graphs (docs/tasks.md)
+        elif task not in ("audio-classification", "image-segmentation"):
+            # wav2vec2's and SegFormer's forwards break into two graphs (docs/tasks.md).
             assert row.graphs_compiled == 1 and row.excess_graphs == 0
         # The pipeline's own answer is the decision the device made, item by item.
         if task in ("text-classification", "image-classification", "audio-classification"):
             assert row.pipeline_text == row.text, (row.pipeline_text, row.text)
         else:
             assert row.pipeline_text and row.text
+
+
+#: The depth pipeline's known bfloat16 failure, as the catalogs hold it (models.yaml, models-tiny.yaml).
+DEPTH_BF16 = (
+    ", expect: {check: pipeline, result: ERROR, stage: compile, "
+    'signature: "compile: TypeError: Got unsupported ScalarType BFloat16", reason: "numpy has no bfloat16"}'
+)

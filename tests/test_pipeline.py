@@ -125,6 +125,10 @@ def test_the_pipeline_check_applies_to_the_tasks_users_run_pipelines_for_on_one_
         "fill-mask",
         "image-classification",
         "audio-classification",
+        "image-feature-extraction",
+        "depth-estimation",
+        "object-detection",
+        "image-segmentation",
     }
     assert checks_of(ModelSpec(id="m", task="sentence-similarity"), ["inference", "pipeline"]) == ("inference",)
     settings = settings_on("cpu", neuron_cores=16)

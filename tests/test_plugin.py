@@ -108,9 +108,16 @@ def test_repository_root_runs_the_catalog_and_tests_apart(tmp_path: Path, offlin
         return done.stdout
 
     sweep = collect(".", "--device=cpu", "--models-file=models-tiny.yaml", f"--results-dir={tmp_path / 'out'}")
-    assert "suite: the catalog models-tiny.yaml (20 models)" in sweep, sweep
+    assert "suite: the catalog models-tiny.yaml (24 models)" in sweep, sweep
     items = [line.strip() for line in sweep.splitlines() if line.strip().startswith("<Function ")]
-    assert len(items) == 20 and all(line.startswith("<Function test_model[") for line in items), sweep
+    # One item per model, and one per Pipeline check (the text classifier's, the depth model's).
+    assert len(items) == 26 and all(
+        line.startswith(("<Function test_model[", "<Function test_pipeline[")) for line in items
+    )
+    assert sorted(line for line in items if "test_pipeline[" in line) == [
+        "<Function test_pipeline[tiny-random/depth-anything]>",
+        "<Function test_pipeline[tiny-random/distilbert-sst2]>",
+    ]
     # Largest expected work first (cores x seconds): the 4-core olmo2, then the pipeline, whose task's prior
     # is three text runs (a text model's prior would start it seventh, to finish alone at the end).
     assert items[:2] == [

@@ -88,6 +88,10 @@ LIBRARIES = {
     "fill-mask": ("transformers",),
     "image-classification": ("pillow", "transformers"),
     "audio-classification": ("transformers",),
+    "image-feature-extraction": ("pillow", "transformers"),
+    "depth-estimation": ("pillow", "transformers"),
+    "object-detection": ("pillow", "transformers"),
+    "image-segmentation": ("pillow", "transformers"),
 }
 
 
@@ -126,6 +130,10 @@ def test_every_task_renders_its_loading_path() -> None:
         "fill-mask": ("AutoModelForMaskedLM", "forward"),
         "image-classification": ("AutoModelForImageClassification", "forward"),
         "audio-classification": ("AutoModelForAudioClassification", "forward"),
+        "image-feature-extraction": ("AutoModel", "forward"),
+        "depth-estimation": ("AutoModelForDepthEstimation", "forward"),
+        "object-detection": ("AutoModelForObjectDetection", "forward"),
+        "image-segmentation": ("AutoModelForSemanticSegmentation", "forward"),
     }
     assert set(TASKS) == set(TABLE) == set(expected)
     # Each task's run.py holds its own code (its fragments) and no other task's.

@@ -103,12 +103,19 @@ def test_models_tiny_yaml_lists_the_zoo_with_the_zoo_prompt() -> None:
     # The forward tasks' models: each with its task (no prompt), tagged with its model_type first.
     forward = [entries.pop() for _ in zoo.FORWARD_REPOS][::-1]
     assert [(e["task"], e["tags"][0], set(e)) for e in forward] == [
-        ("text-classification", "distilbert", {"id", "task", "tags"}),
+        ("text-classification", "distilbert", {"id", "task", "tags", "checks"}),
         ("token-classification", "bert", {"id", "task", "tags"}),
         ("fill-mask", "roberta", {"id", "task", "tags"}),
         ("image-classification", "vit", {"id", "task", "tags"}),
         ("audio-classification", "wav2vec2", {"id", "task", "tags"}),
+        ("image-feature-extraction", "dinov2", {"id", "task", "tags"}),
+        ("depth-estimation", "depth_anything", {"id", "task", "tags", "checks", "expect"}),
+        ("object-detection", "yolos", {"id", "task", "tags"}),
+        ("image-segmentation", "segformer", {"id", "task", "tags"}),
     ]
+    # The main job's Pipeline checks: a forward task's, and the depth pipeline's known bfloat16 failure.
+    assert forward[0]["checks"] == forward[6]["checks"] == ["inference", "pipeline"]
+    assert forward[6]["expect"]["check"] == "pipeline"
     speech, image = entries.pop(), entries.pop()
     assert speech == {
         "id": zoo.WHISPER_REPO,

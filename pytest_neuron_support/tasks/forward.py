@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, ClassVar
 
@@ -64,19 +64,34 @@ LENGTH = 48
 INPUT_FRAGMENTS: Mapping[str, str] = MappingProxyType({"text": "text.py", "image": "vision.py", "audio": "audio.py"})
 
 
+#: What a forward task's items can be (run.py's ``read_items`` reads each): one per input, one per word-piece, one
+#: per mask token, one per position of a ``[batch, position, score]`` output, one per pixel of a
+#: ``[batch, score, height, width]`` output.
+ITEMS: tuple[str, ...] = ("sequence", "tokens", "mask", "positions", "pixels")
+
+
 @dataclass(frozen=True)
 class Reading:
     """What a forward task feeds its model and how its output is read.
 
     Attributes:
-        output: the model output's attribute holding the scores (``logits``).
-        items: which of its vectors are items: ``sequence`` (one per input), ``tokens`` (one per
-            word-piece, special tokens left out) or ``mask`` (one per mask token).
+        output: the model output's attribute holding the scores (``logits``), or the numbers a task without a
+            decision returns (``last_hidden_state``, ``predicted_depth``).
+        items: which of its vectors are items (:data:`ITEMS`): ``sequence`` (one per input, the whole of the
+            input's output), ``tokens`` (one per word-piece, special tokens left out), ``mask`` (one per mask
+            token), ``positions`` (one per index of the output's second axis: a detection query) or ``pixels``
+            (one per spatial position of a ``[batch, class, height, width]`` output: a segmentation's pixel).
         inputs: ``text`` (:attr:`sentences`, padded to :data:`LENGTH`), ``image`` (run.py's test card and its
             mirror image) or ``audio`` (run.py's waveform, :data:`~.speech.AUDIO`, and the same samples reversed).
         sentences: the fixed sentences of a text task (``{mask}`` marks a fill-mask sentence's mask).
         preprocessor: the transformers Auto class run.py loads the preprocessor with, as the task's pipeline
             does (``AutoFeatureExtractor``); None: its input fragment's (a tokenizer, or ``AutoProcessor``).
+        decides: whether each item's top-1 is the task's decision (a class, a tag, a word); False where the
+            output is numbers only (features, a depth map), checked by the calibrated tolerance alone.
+        also: further outputs checked by the calibrated tolerance only, read into items the same way (a
+            detector's ``pred_boxes``, one box per query).
+        pipeline_keywords: what the pipeline check passes the task's pipeline beside an image or a waveform
+            (``{"top_k": 1}``: the top label, which the direct path's decision is).
     """
 
     output: str
@@ -84,6 +99,18 @@ class Reading:
     inputs: str = "text"
     sentences: tuple[str, ...] = ()
     preprocessor: str | None = None
+    decides: bool = True
+    also: tuple[str, ...] = ()
+    pipeline_keywords: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}), hash=False)
+
+    def __post_init__(self) -> None:
+        if self.items not in ITEMS:
+            raise ValueError(f"Reading.items = {self.items!r}: one of {', '.join(ITEMS)}")
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        """Every output the verdict compares: the scores first, then :attr:`also`."""
+        return (self.output, *self.also)
 
 
 class ForwardTask(Task):
@@ -115,15 +142,9 @@ class ForwardTask(Task):
         return None  # it runs fixed inputs
 
     def hash_parts(self, model: ModelSpec) -> list[str]:
-        audio = json.dumps(dict(AUDIO), sort_keys=True) if self.reading.inputs == "audio" else ""
-        return [
-            self.reading.output,
-            self.reading.items,
-            self.reading.inputs,
-            str(LENGTH),
-            audio,
-            *self.reading.sentences,
-        ]
+        # What run.py is told to read (task_options: the output, the items, the inputs, the waveform, the
+        # length) and the sentences it reads them from.
+        return [json.dumps(self.task_options(), sort_keys=True), *self.reading.sentences]
 
     def task_options(self) -> dict[str, Any]:
         """run.py's ``SPEC["task_options"]`` for this task (the zoo trains its models on the same inputs)."""
@@ -135,6 +156,12 @@ class ForwardTask(Task):
         }
         if self.reading.preprocessor:
             options["preprocessor"] = self.reading.preprocessor
+        if not self.reading.decides:
+            options["decides"] = False
+        if self.reading.also:
+            options["also"] = list(self.reading.also)
+        if self.reading.pipeline_keywords:
+            options["pipeline_keywords"] = dict(self.reading.pipeline_keywords)
         if self.reading.inputs == "audio":
             options["audio"] = dict(AUDIO)
         return options
@@ -164,7 +191,8 @@ class ForwardTask(Task):
         row, cpu = self.reference_of(row, result, reference)
         if cpu is None:
             return row
-        device, float32, noise = result.get("outputs") or (), cpu.get("outputs") or (), cpu.get("noise_outputs") or ()
+        device, float32 = result.get("outputs") or (), cpu.get("outputs") or ()
+        decisions: Decisions | None = None
         if result.get("items") != cpu.get("items"):
             # The same inputs through the same preprocessor give the same items on both sides: items that differ
             # are the harness's to explain, so nothing is compared (a FAIL that says so, never a PASS).
@@ -172,23 +200,43 @@ class ForwardTask(Task):
                 f"the device run's items (input, position) are not the CPU reference's ({len(device)} and "
                 f"{len(float32)} items): the two runs did not read the same inputs"
             )
-            checked, decisions = Calibrated((), problem), Decisions(0, 0, 0, problem=problem)
+            checked = Calibrated((), problem)
+            if self.reading.decides:
+                decisions = Decisions(0, 0, 0, problem=problem)
         else:
-            checked = calibrated_outputs(self.reading.output, device, float32, noise)
-            decisions = compare_decisions(device, float32, noise)
+            checked = self.compare_outputs(result, cpu)
+            if self.reading.decides:
+                decisions = compare_decisions(device, float32, cpu.get("noise_outputs") or ())
         decision = decide.forward(
             checked,
             decisions,
-            f"{self.name} {self.reading.output}",
+            f"{self.name} {'/'.join(self.reading.outputs)}",
             result.get("decision_labels") or (),
             cpu.get("decision_labels") or (),
         )
         row = replace(row, **row_fields(checked), **decision_fields(decisions))
-        return replace(row, reference_match=checked.match and decisions.match, **decision.fields())
+        matched = checked.match and (decisions is None or decisions.match)
+        return replace(row, reference_match=matched, **decision.fields())
+
+    def compare_outputs(self, result: Mapping[str, Any], cpu: Mapping[str, Any]) -> Calibrated:
+        """Every output the reading names (the scores, then :attr:`Reading.also`), each item against the CPU's
+        float32 one beside the CPU's own in the device's dtype, in one calibrated check (a stage per output)."""
+        device = {self.reading.output: result.get("outputs") or (), **(result.get("also_outputs") or {})}
+        float32 = {self.reading.output: cpu.get("outputs") or (), **(cpu.get("also_outputs") or {})}
+        noise = {self.reading.output: cpu.get("noise_outputs") or (), **(cpu.get("noise_also_outputs") or {})}
+        checks = [
+            calibrated_outputs(name, device.get(name) or (), float32.get(name) or (), noise.get(name) or ())
+            for name in self.reading.outputs
+        ]
+        problems = [c.problem for c in checks if c.problem is not None]
+        return Calibrated(tuple(c for check in checks for c in check.comparisons), "; ".join(problems) or None)
 
 
-def decision_fields(decisions: Decisions) -> dict[str, Any]:
-    """The decision evidence, in the row's generic disagreement columns (an item for a position)."""
+def decision_fields(decisions: Decisions | None) -> dict[str, Any]:
+    """The decision evidence, in the row's generic disagreement columns (an item for a position); none for a
+    task whose output is numbers only."""
+    if decisions is None:
+        return {}
     return {
         "positions_checked": decisions.checked,
         "positions_disagreeing": decisions.disagreeing,

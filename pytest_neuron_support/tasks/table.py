@@ -20,6 +20,9 @@ from pytest_neuron_support.tasks.speech import SpeechRecognition
 from pytest_neuron_support.tasks.task import Task
 from pytest_neuron_support.tasks.text_to_image import TextToImage
 
+#: The keywords an image or audio classifier's pipeline check passes: the top label, the direct path's decision.
+TOP_LABEL: Mapping[str, int] = MappingProxyType({"top_k": 1})
+
 TASKS: Mapping[str, Task] = MappingProxyType(
     {
         task.name: task
@@ -54,13 +57,53 @@ TASKS: Mapping[str, Task] = MappingProxyType(
                 "image-classification",
                 "AutoModelForImageClassification",
                 "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES",
-                Reading("logits", "sequence", inputs="image", preprocessor="AutoImageProcessor"),
+                Reading(
+                    "logits",
+                    "sequence",
+                    inputs="image",
+                    preprocessor="AutoImageProcessor",
+                    pipeline_keywords=TOP_LABEL,
+                ),
             ),
             ForwardTask(
                 "audio-classification",
                 "AutoModelForAudioClassification",
                 "MODEL_FOR_AUDIO_CLASSIFICATION_MAPPING_NAMES",
-                Reading("logits", "sequence", inputs="audio", preprocessor="AutoFeatureExtractor"),
+                Reading(
+                    "logits",
+                    "sequence",
+                    inputs="audio",
+                    preprocessor="AutoFeatureExtractor",
+                    pipeline_keywords=TOP_LABEL,
+                ),
+            ),
+            ForwardTask(
+                "image-feature-extraction",
+                "AutoModel",
+                "MODEL_FOR_IMAGE_MAPPING_NAMES",
+                Reading(
+                    "last_hidden_state", "sequence", inputs="image", preprocessor="AutoImageProcessor", decides=False
+                ),
+            ),
+            ForwardTask(
+                "depth-estimation",
+                "AutoModelForDepthEstimation",
+                "MODEL_FOR_DEPTH_ESTIMATION_MAPPING_NAMES",
+                Reading(
+                    "predicted_depth", "sequence", inputs="image", preprocessor="AutoImageProcessor", decides=False
+                ),
+            ),
+            ForwardTask(
+                "object-detection",
+                "AutoModelForObjectDetection",
+                "MODEL_FOR_OBJECT_DETECTION_MAPPING_NAMES",
+                Reading("logits", "positions", inputs="image", preprocessor="AutoImageProcessor", also=("pred_boxes",)),
+            ),
+            ForwardTask(
+                "image-segmentation",
+                "AutoModelForSemanticSegmentation",
+                "MODEL_FOR_SEMANTIC_SEGMENTATION_MAPPING_NAMES",
+                Reading("logits", "pixels", inputs="image", preprocessor="AutoImageProcessor"),
             ),
         )
     }

@@ -213,15 +213,21 @@ FORWARD_BASIS = "forward-calibrated"
 
 
 def forward(
-    checked: Calibrated, decisions: Decisions, what: str, labels: Sequence[str] = (), cpu_labels: Sequence[str] = ()
+    checked: Calibrated,
+    decisions: Decisions | None,
+    what: str,
+    labels: Sequence[str] = (),
+    cpu_labels: Sequence[str] = (),
 ) -> Decision:
     """A forward task's verdict: every item's output within the calibrated tolerance (:func:`numeric`'s rule)
     and every decision the CPU was decisive about the same on the device (``verdict.decisions``; a near-tie
     that differs is reported in the row, not failed). A FAIL at ``parity`` names the first output out of
     tolerance and the first decision that differs, whichever failed (both when both did); ``what`` names the
-    output (``text-classification logits``), ``labels``/``cpu_labels`` each item's decision per side."""
-    if checked.problem is not None or decisions.problem is not None:
-        problem = checked.problem or decisions.problem
+    output (``text-classification logits``), ``labels``/``cpu_labels`` each item's decision per side.
+    ``decisions`` is None for a task whose output is numbers only (features, a depth map): the calibrated
+    tolerance alone decides."""
+    if checked.problem is not None or (decisions is not None and decisions.problem is not None):
+        problem = checked.problem or (decisions.problem if decisions is not None else None)
         return Decision("FAIL", "parity", FORWARD_BASIS, f"{what}: {problem}")
     errors = []
     bad = checked.first_bad
@@ -229,7 +235,7 @@ def forward(
         others = sum(1 for c in checked.comparisons if not c.ok) - 1
         more = f"; {others} later item(s) out of tolerance too" if others else ""
         errors.append(f"{what}: {bad.describe()}{more}")
-    if not decisions.match:
+    if decisions is not None and not decisions.match:
         errors.append(decisions.describe(f"{what.rsplit(' ', 1)[0]} decisions", labels, cpu_labels))
     if errors:
         return Decision("FAIL", "parity", FORWARD_BASIS, "; ".join(errors))

@@ -61,13 +61,18 @@ def _run_batch(torch: Any, task: Any, preprocessor: Any) -> tuple[Any, Any]:
     return batch
 
 
-def _targets(torch: Any, spec: dict[str, Any], preprocessor: Any, batch: Any, special: Any, n_labels: int) -> Any:
-    """The training labels: -100 wherever nothing is decided (the loss's ignore index)."""
-    items = spec["read"]
-    if items == "sequence":
-        labels = list(spec["labels"])
-        assert len(labels) == len(next(iter(batch.values()))), "one label per input run.py feeds"
-        return torch.tensor(labels)
+def _targets(torch: Any, spec: dict[str, Any], preprocessor: Any, batch: Any, special: Any, logits: Any) -> Any:
+    """The training labels, one per item run.py reads: -100 wherever nothing is decided (the loss's ignore
+    index). An input's label, a word-piece's tag (its token id modulo the label count), the word at a mask, a
+    detection query's class (its index modulo the label count: a detector's queries are learned, so each can
+    learn its own), or every pixel of an input labelled with the input's label."""
+    items, n_labels = spec["read"], int(spec["n_labels"])
+    if items in ("sequence", "pixels"):
+        labels = torch.tensor(list(spec["labels"]))
+        assert len(labels) == logits.shape[0], "one label per input run.py feeds"
+        return labels if items == "sequence" else labels.view(-1, 1, 1).expand(-1, *logits.shape[2:]).clone()
+    if items == "positions":
+        return (torch.arange(logits.shape[1]) % n_labels).expand(logits.shape[0], -1).clone()
     ids = batch["input_ids"]
     if items == "tokens":
         keep = (batch["attention_mask"] == 1) & (special == 0)
@@ -80,11 +85,25 @@ def _targets(torch: Any, spec: dict[str, Any], preprocessor: Any, batch: Any, sp
     return labels
 
 
+def _scores_last(items: str, logits: Any) -> Any:
+    """The scores on the last axis (a segmentation's class axis is its second)."""
+    return logits.permute(0, 2, 3, 1) if items == "pixels" else logits
+
+
+def _loss(torch: Any, items: str, logits: Any, labels: Any) -> Any:
+    """Cross-entropy over the decided items (every task's own head loss, computed one way for all of them)."""
+    scores = _scores_last(items, logits)
+    return torch.nn.functional.cross_entropy(
+        scores.reshape(-1, scores.shape[-1]).float(), labels.reshape(-1), ignore_index=-100
+    )
+
+
 def _items(torch: Any, items: str, logits: Any, labels: Any) -> list[list[float]]:
-    """Each decided item's scores (as run.py reads them: an input's, a token's, a mask's)."""
+    """Each decided item's scores (as run.py reads them: an input's, a token's, a mask's, a query's, a pixel's)."""
     if items == "sequence":
         return [row.tolist() for row in logits.float()]
-    return [logits[i, j].float().tolist() for i, j in (labels != -100).nonzero().tolist()]
+    scores = _scores_last(items, logits).float()
+    return [scores[tuple(at)].tolist() for at in (labels != -100).nonzero().tolist()]
 
 
 def _preprocessor(spec: dict[str, Any], loader: str, tokenizer_dir: Path, out_dir: Path) -> Any:
@@ -109,7 +128,7 @@ def _build_forward(name: str, tokenizer_dir: Path, fingerprint: str, out_dir: Pa
 
     transformers: Any = importlib.import_module("transformers")
     task: Any = task_of(_FORWARD_SPECS[name]["task"])
-    spec = {**_FORWARD_SPECS[name], "read": task.reading.items}
+    spec = {**_FORWARD_SPECS[name], "read": task.reading.items, "fingerprint": fingerprint}
     torch.manual_seed(int(_FORWARD_TRAIN["seed"]))
     preprocessor = _preprocessor(spec, task.reading.preprocessor or "AutoTokenizer", tokenizer_dir, out_dir)
     config_fields = dict(spec["config"])
@@ -122,25 +141,40 @@ def _build_forward(name: str, tokenizer_dir: Path, fingerprint: str, out_dir: Pa
         special_ids |= {"bos_token_id": preprocessor.bos_token_id, "eos_token_id": preprocessor.eos_token_id}
     config = transformers.AutoConfig.for_model(**config_fields, **special_ids)
     model = getattr(transformers, spec["auto_class"])(config)
+    with torch.no_grad():
+        # Parameters the architecture starts at zero (YOLOS's detection tokens), as a trained checkpoint's are not:
+        # all alike, no training could tell its queries apart.
+        for parameter in spec.get("init_normal", ()):
+            model.get_parameter(parameter).normal_(0.0, float(config.initializer_range))
     batch, special = _run_batch(torch, task, preprocessor)
-    labels = _targets(torch, spec, preprocessor, batch, special, int(config.num_labels))
+    read, output = spec["read"], task.reading.output
+    if not task.reading.decides:
+        # Numbers only (features, a depth map): nothing is decided, so the random weights are checked as they are.
+        model.eval()
+        model.save_pretrained(out_dir)
+        _model_card(out_dir, spec, config_fields, "its numbers are checked as they are, nothing is decided")
+        return "untrained: numbers only"
+    with torch.no_grad():
+        labels = _targets(
+            torch, {**spec, "n_labels": config.num_labels}, preprocessor, batch, special, model(**batch).logits
+        )
     optimizer = torch.optim.AdamW(model.parameters(), lr=float(_FORWARD_TRAIN["learning_rate"]))
     model.train()
     loss = float("nan")
     for _ in range(int(_FORWARD_TRAIN["steps"])):
-        out = model(**batch, labels=labels)
+        out = _loss(torch, read, getattr(model(**batch), output), labels)
         optimizer.zero_grad()
-        out.loss.backward()
+        out.backward()
         optimizer.step()
-        loss = float(out.loss.detach())
+        loss = float(out.detach())
     model.eval()
     model.to(torch.bfloat16).to(torch.float32)  # the weights as saved (bf16), read back as the reference reads them
     with torch.no_grad():
-        exact = _items(torch, spec["read"], model(**batch).logits, labels)
+        exact = _items(torch, read, getattr(model(**batch), output), labels)
         model.to(torch.bfloat16)
         rounded_batch = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in batch.items()}
-        rounded = _items(torch, spec["read"], model(**rounded_batch).logits, labels)
-    wanted = labels.tolist() if spec["read"] == "sequence" else labels[labels != -100].tolist()
+        rounded = _items(torch, read, getattr(model(**rounded_batch), output), labels)
+    wanted = labels.tolist() if read == "sequence" else labels[labels != -100].tolist()
     least = float("inf")
     for i, (f, r) in enumerate(zip(exact, rounded, strict=True)):
         top, lead = top_two(f)
@@ -151,11 +185,21 @@ def _build_forward(name: str, tokenizer_dir: Path, fingerprint: str, out_dir: Pa
                 f"{MULTIPLE:g}x bf16 noise {MULTIPLE * noise_of(f, r):.4g} (loss {loss:.4f})"
             )
     model.save_pretrained(out_dir)
+    _model_card(
+        out_dir,
+        spec,
+        config_fields,
+        f"trained on run.py's own inputs until every decision is decisive (loss {loss:.4f})",
+    )
+    return f"loss {loss:.4f}, {len(exact)} decisions, least margin {least:.1f}x the decisive bound"
+
+
+def _model_card(out_dir: Path, spec: dict[str, Any], config_fields: dict[str, Any], how: str) -> None:
+    fingerprint = spec["fingerprint"]
     (out_dir / "README.md").write_text(
         f"---\nlibrary_name: transformers\npipeline_tag: {spec['task']}\n---\n"
         f"# A tiny {config_fields['model_type']} for {spec['task']}\n\nBuilt offline by pytest-neuron-support's "
-        f"tiny zoo from {spec['source']}'s config with the sizes shrunk, trained on run.py's own inputs until "
-        f"every decision is decisive (loss {loss:.4f}).\n\ntiny_zoo_fingerprint: {fingerprint}\n",
+        f"tiny zoo from {spec['source']}'s config with the sizes shrunk, {how}.\n\n"
+        f"tiny_zoo_fingerprint: {fingerprint}\n",
         encoding="utf-8",
     )
-    return f"loss {loss:.4f}, {len(exact)} decisions, least margin {least:.1f}x the decisive bound"

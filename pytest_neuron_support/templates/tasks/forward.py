@@ -1,20 +1,23 @@
-"""run.py's forward tasks (text, token and audio classification, fill-mask, image classification): the
+"""run.py's forward tasks (text, token, image and audio classification, fill-mask, image features, depth,
+object detection, segmentation): the
 model and its preprocessor (the input fragment spliced before this one says which: text.py's tokenizer,
 vision.py's or audio.py's processor), fixed inputs in one static shape, one forward pass compiled with
 torch.compile (device runs) and run twice (the second must repeat the first), and each item's scores
 written: the items SPEC["task_options"]["read"] names (``sequence``: one per input; ``tokens``: one per
-word-piece, special tokens left out; ``mask``: one per mask token), each the output's vector there (its
-logits), in float32 on the host.
+word-piece, special tokens left out; ``mask``: one per mask token; ``positions``: one per detection query;
+``pixels``: one per pixel of a segmentation), each the output's vector there (its logits, or the input's
+features or depth map), in float32 on the host; the outputs checked as numbers only (``also``: a detector's
+boxes) are read into the same items.
 
 The inputs (SPEC["task_options"]["input"]): ``text``, a fixed list of sentences (SPEC["sentences"]; a
 fill-mask task's hold ``{mask}``, written as the tokenizer's own mask token) padded to one length
 (SPEC["task_options"]["length"]); ``image``, run.py's test card and its mirror image through the image
 processor; ``audio``, run.py's waveform and the same samples reversed through the feature extractor.
 
-Each item's decision (the top-1 of its vector) is written too, named as the checkpoint names it (its
-``id2label``, or the token a fill-mask model puts at the mask). The CPU reference (float32) runs the same
-forward again in the device's dtype: the dtype's own noise, which the calibrated tolerance rule judges the
-device's distance (and the decisions' margins) against.
+Each item's decision (the top-1 of its vector; none where the output is numbers only) is written too, named
+as the checkpoint names it (its ``id2label``, or the token a fill-mask model puts at the mask). The CPU
+reference (float32) runs the same forward again in the device's dtype: the dtype's own noise, which the
+calibrated tolerance rule judges the device's distance (and the decisions' margins) against.
 
 Spliced into run.py in place of its @@TASK@@ import; see text.py.
 """
@@ -77,21 +80,52 @@ def forward_batch(torch, preprocessor):
     raise NotImplementedError(f"SPEC['task_options']['input'] = {kind!r}: run.py feeds text, image or audio")
 
 
+def outputs_read():
+    """Every output run.py reads: the scores (SPEC["task_options"]["output"]), then the ones checked as numbers
+    only (``also``: a detector's boxes)."""
+    options = SPEC["task_options"]
+    return [options["output"], *options.get("also", [])]
+
+
+def item_positions(batch, special, scores, tokenizer):
+    """Where each item sits in an output: (input, position...) per SPEC["task_options"]["read"]."""
+    read = SPEC["task_options"]["read"]
+    if read == "sequence":
+        return [(i,) for i in range(scores.shape[0])]
+    if read == "tokens":
+        keep = (batch["attention_mask"].to("cpu") == 1) & (special == 0)
+        return [(int(i), int(j)) for i, j in keep.nonzero().tolist()]
+    if read == "mask":
+        found = (batch["input_ids"].to("cpu") == tokenizer.mask_token_id).nonzero().tolist()
+        return [(int(i), int(j)) for i, j in found]
+    if read == "positions":
+        return [(i, j) for i in range(scores.shape[0]) for j in range(scores.shape[1])]
+    if read == "pixels":
+        _, _, height, width = scores.shape
+        return [(i, y, x) for i in range(scores.shape[0]) for y in range(height) for x in range(width)]
+    raise NotImplementedError(
+        f"SPEC['task_options']['read'] = {read!r}: run.py reads sequence, tokens, mask, positions or pixels"
+    )
+
+
+def vector_at(scores, at):
+    """An item's vector: an input's whole output (flattened), a position's scores, or a pixel's class scores."""
+    if len(at) == 1:
+        return scores[at[0]].reshape(-1)
+    if SPEC["task_options"]["read"] == "pixels":
+        return scores[at[0], :, at[1], at[2]]
+    return scores[at[0], at[1]].reshape(-1)
+
+
 def read_items(torch, batch, special, output, model, tokenizer):
-    """(each item's scores in float32 on the host, its (sentence, position), its decision's name)."""
+    """(each item's scores in float32 on the host, its (input, position...), its decision, its decision's name);
+    no decisions where the task's output is numbers only."""
     read = SPEC["task_options"]["read"]
     scores = output.detach().to("cpu").float()  # to the host first: the harness's ops stay off the device
-    if read == "sequence":
-        picks = [(i, None) for i in range(scores.shape[0])]
-    elif read == "tokens":
-        keep = (batch["attention_mask"].to("cpu") == 1) & (special == 0)
-        picks = [(int(i), int(j)) for i, j in keep.nonzero().tolist()]
-    elif read == "mask":
-        found = (batch["input_ids"].to("cpu") == tokenizer.mask_token_id).nonzero().tolist()
-        picks = [(int(i), int(j)) for i, j in found]
-    else:
-        raise NotImplementedError(f"SPEC['task_options']['read'] = {read!r}: run.py reads sequence, tokens or mask")
-    vectors = [scores[i] if j is None else scores[i, j] for i, j in picks]
+    picks = item_positions(batch, special, scores, tokenizer)
+    vectors = [vector_at(scores, at) for at in picks]
+    if not SPEC["task_options"].get("decides", True):
+        return [v.tolist() for v in vectors], [list(p) for p in picks], [], []
     id2label = getattr(model.config, "id2label", None) or {}
 
     def name(index):
@@ -100,6 +134,16 @@ def read_items(torch, batch, special, output, model, tokenizer):
     # The top-1; a one-score head (a reranker) decides by the score's sign, as its pipeline's sigmoid does.
     decisions = [int(v[0] > 0) if v.numel() == 1 else int(v.argmax()) for v in vectors]
     return [v.tolist() for v in vectors], [list(p) for p in picks], decisions, [name(d) for d in decisions]
+
+
+def read_also(batch, special, outputs, tokenizer):
+    """The outputs checked as numbers only, each read into the same items as the scores: {name: vectors}."""
+    names = outputs_read()[1:]
+    found = {}
+    for name, output in zip(names, outputs[1:], strict=True):
+        scores = output.detach().to("cpu").float()
+        found[name] = [vector_at(scores, at).tolist() for at in item_positions(batch, special, scores, tokenizer)]
+    return found
 
 
 def run_forward(torch, preprocessor, model):
@@ -116,17 +160,19 @@ def run_forward(torch, preprocessor, model):
         # One static-shape graph of the whole model, head included, with the device's backend.
         forward = torch.compile(model, backend=SPEC["compile_backend"], dynamic=False, mode="default")
 
-    def scores():
+    def outputs():
         with torch.no_grad():
             out = forward(**inputs)
         # Copied to the host at once: a backend that reuses its output buffers must not let the warm call
         # overwrite what the cold one returned (the repeat check would compare a buffer with itself).
-        return getattr(out, options["output"]).detach().to("cpu", copy=True)
+        return [getattr(out, name).detach().to("cpu", copy=True) for name in outputs_read()]
 
-    first, second, facts = cold_then_warm(torch, scores, scores)
+    first, second, facts = cold_then_warm(torch, outputs, outputs)
     tokenizer = getattr(preprocessor, "tokenizer", preprocessor)
-    vectors, items, decisions, labels = read_items(torch, batch, special, first, model, tokenizer)
-    again, _, _, _ = read_items(torch, batch, special, second, model, tokenizer)
+    vectors, items, decisions, labels = read_items(torch, batch, special, first[0], model, tokenizer)
+    also = read_also(batch, special, first, tokenizer)
+    again = read_items(torch, batch, special, second[0], model, tokenizer)[0]
+    also_again = read_also(batch, special, second, tokenizer)
     noise = {}
     noise_dtype = options.get("noise_dtype")
     if noise_dtype:
@@ -136,22 +182,42 @@ def run_forward(torch, preprocessor, model):
             for key, value in inputs.items():
                 if value.is_floating_point():
                     inputs[key] = value.to(model.dtype)
-            noise = {"noise_outputs": read_items(torch, batch, special, scores(), model, tokenizer)[0]}
+            rounded = outputs()
+            noise = {
+                "noise_outputs": read_items(torch, batch, special, rounded[0], model, tokenizer)[0],
+                "noise_also_outputs": read_also(batch, special, rounded, tokenizer),
+            }
         else:
-            noise = {"noise_outputs": vectors}
+            noise = {"noise_outputs": vectors, "noise_also_outputs": also}
         noise["noise_dtype"] = noise_dtype
     return {
         "outputs": vectors,
+        "also_outputs": also,
         **noise,
         "items": items,
         "decisions": decisions,
         "decision_labels": labels,
         "tokens": [],
-        "text": "; ".join(labels)[:1000],
-        "repeat_identical": identical(vectors, again),
+        "text": decided(labels) if labels else summary(first),
+        "repeat_identical": identical(vectors, again) and all(identical(also[k], also_again[k]) for k in also),
         "prompt_tokens": int(batch["input_ids"].shape[1]) if "input_ids" in batch else None,
         **facts,
     }
+
+
+def decided(labels):
+    """The decisions in words: each item's, or each label's count where there are many (a segmentation's pixels)."""
+    if len(labels) <= 32:
+        return "; ".join(labels)[:1000]
+    counts = {}
+    for label in labels:
+        counts[label] = counts.get(label, 0) + 1
+    return "; ".join(f"{label} x{n}" for label, n in counts.items())[:1000]
+
+
+def summary(outputs):
+    """A task without a decision says what it returned: each output's name and shape."""
+    return "; ".join(f"{name} {list(output.shape)}" for name, output in zip(outputs_read(), outputs, strict=True))
 
 
 def identical(first, second):

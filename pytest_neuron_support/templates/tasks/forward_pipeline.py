@@ -22,12 +22,15 @@ from __future__ import annotations
 from run import (
     SPEC,
     cold_then_warm,
+    decided,
     fixed_audio,
     fixed_image,
     forward_texts,
     identical,
+    outputs_read,
     pil_image,
     placement,
+    read_also,
     read_items,
 )
 
@@ -46,8 +49,8 @@ class ForwardWatch:
         self.handle = module.register_forward_hook(self, with_kwargs=True)
 
     def __call__(self, module, args, kwargs, output):
-        scores = getattr(output, SPEC["task_options"]["output"]).detach().to("cpu", copy=True)
-        self.calls.append(({key: value for key, value in kwargs.items() if hasattr(value, "to")}, scores))
+        outputs = [getattr(output, name).detach().to("cpu", copy=True) for name in outputs_read()]
+        self.calls.append(({key: value for key, value in kwargs.items() if hasattr(value, "to")}, outputs))
 
 
 def pipeline_inputs(torch, pipe):
@@ -64,18 +67,21 @@ def pipeline_inputs(torch, pipe):
         if SPEC["task"] == "fill-mask":
             return texts, {"top_k": 1, "tokenizer_kwargs": keywords}
         return texts, keywords
+    # An image or a waveform with the task row's keywords (the top label; a detector's threshold).
+    keywords = dict(options.get("pipeline_keywords", {}))
     if kind == "image":
         card = fixed_image(torch, *SPEC["image_size"])
-        return [pil_image(c) for c in (card, card.flip(-1))], {"top_k": 1}
+        return [pil_image(c) for c in (card, card.flip(-1))], keywords
     wave = fixed_audio(torch)
     rate = options["audio"]["sample_rate"]
-    return [{"raw": w.numpy(), "sampling_rate": rate} for w in (wave, wave.flip(0))], {"top_k": 1}
+    return [{"raw": w.numpy(), "sampling_rate": rate} for w in (wave, wave.flip(0))], keywords
 
 
 def read_calls(torch, calls, texts, tokenizer, model):
-    """Every call's items, in input order, as the direct path reads one batch (the input's index restored)."""
-    vectors, items, decisions, labels = [], [], [], []
-    for index, (inputs, scores) in enumerate(calls):
+    """Every call's items, in input order, as the direct path reads one batch (the input's index restored), and
+    the outputs checked as numbers only, read into the same items."""
+    vectors, items, decisions, labels, also = [], [], [], [], {}
+    for index, (inputs, outputs) in enumerate(calls):
         batch = {key: value.to("cpu") for key, value in inputs.items()}
         special = None
         if SPEC["task_options"]["read"] == "tokens":
@@ -85,18 +91,27 @@ def read_calls(torch, calls, texts, tokenizer, model):
             special = special["special_tokens_mask"]
             if special.shape != batch["input_ids"].shape:
                 raise RuntimeError(f"sentence {index}: the pipeline's tokens are not its tokenizer's own")
-        v, found, d, names = read_items(torch, batch, special, scores, model, tokenizer)
+        v, found, d, names = read_items(torch, batch, special, outputs[0], model, tokenizer)
+        for name, more in read_also(batch, special, outputs, tokenizer).items():
+            also.setdefault(name, []).extend(more)
         vectors += v
         items += [[index, *position[1:]] for position in found]
         decisions += d
         labels += names
-    return vectors, items, decisions, labels
+    return vectors, items, decisions, labels, also
 
 
 def pipeline_answers(said):
-    """What the pipeline itself answered, one line per input (its top label, its tags, its word)."""
+    """What the pipeline itself answered, one line per input (its top label, its tags, its word, its detections'
+    labels; a depth map's or features' size)."""
     lines = []
     for answer in said:
+        if isinstance(answer, dict) and "predicted_depth" in answer:
+            lines.append(f"depth {list(answer['predicted_depth'].shape)}")
+            continue
+        if isinstance(answer, list) and answer and isinstance(answer[0], list):
+            lines.append(f"features {len(answer)}x{len(answer[0])}")
+            continue
         first = answer[0] if isinstance(answer, list) and answer and isinstance(answer[0], dict) else answer
         if isinstance(answer, list) and answer and "entity" in answer[0]:
             lines.append(" ".join(str(entity["entity"]) for entity in answer))
@@ -126,7 +141,7 @@ def run_task(torch, pipe, model, state):  # replaces forward.py's
         runs.append(watch.calls[start:])
         return said
 
-    said, said_again, facts = cold_then_warm(torch, call, call)
+    said, _, facts = cold_then_warm(torch, call, call)
     watch.handle.remove()
     if len(runs[0]) != len(inputs) or len(runs[1]) != len(inputs):
         raise RuntimeError(
@@ -134,19 +149,19 @@ def run_task(torch, pipe, model, state):  # replaces forward.py's
             "not once each"
         )
     texts = inputs if SPEC["task_options"]["input"] == "text" else None
-    vectors, items, decisions, labels = read_calls(torch, runs[0], texts, tokenizer, model)
-    again = read_calls(torch, runs[1], texts, tokenizer, model)[0]
+    vectors, items, decisions, labels, also = read_calls(torch, runs[0], texts, tokenizer, model)
+    again, _, _, _, also_again = read_calls(torch, runs[1], texts, tokenizer, model)
     return {
         "ran": True,
         "outputs": vectors,
+        "also_outputs": also,
         "items": items,
         "decisions": decisions,
         "decision_labels": labels,
         "tokens": [],
-        "text": "; ".join(labels)[:1000],
+        "text": decided(labels) if labels else pipeline_answers(said),
         "pipeline_text": pipeline_answers(said),
-        "pipeline_text_again": pipeline_answers(said_again),
-        "repeat_identical": identical(vectors, again),
+        "repeat_identical": identical(vectors, again) and all(identical(also[k], also_again[k]) for k in also),
         **facts,
         **placed,
     }
