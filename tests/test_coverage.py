@@ -337,6 +337,7 @@ def test_every_task_of_the_installed_pipeline_is_covered_excluded_or_missing() -
         "image-text-to-text",
         "automatic-speech-recognition",
         "text-classification",
+        "zero-shot-classification",
         "token-classification",
         "fill-mask",
         "image-classification",

@@ -141,7 +141,9 @@ def test_every_forward_row_reads_an_output_its_fragment_knows() -> None:
         assert task.reading.inputs == "image" or task.reading.items not in ("positions", "pixels")
         # A task without a decision reads each input's whole output (its features, its depth map).
         assert task.reading.decides or task.reading.items == "sequence"
-        assert task.registry is not None and not task.generates and not task.takes_prompt
+        # Every row names its registry, but a zero-shot classifier's: its NLI models are text-classification's.
+        assert (task.registry is None) == bool(task.reading.candidate_labels)
+        assert not task.generates and not task.takes_prompt
         if task.reading.items == "mask":
             assert all("{mask}" in sentence for sentence in task.reading.sentences)
 
@@ -165,6 +167,7 @@ def test_a_numbers_only_verdict_is_the_calibrated_tolerance_alone() -> None:
 #: Each forward model of the zoo, by task.
 MODELS = {
     "text-classification": "tiny-random/distilbert-sst2",
+    "zero-shot-classification": "tiny-random/distilbert-mnli",
     "token-classification": "tiny-random/bert-ner",
     "fill-mask": "tiny-random/roberta",
     "image-classification": "tiny-random/vit",
@@ -184,6 +187,7 @@ FAULTY = "faulty"
 ROLL = "out.roll(1, dims=-1)"
 HEADS = {
     "distilbert-sst2": ("model.classifier", ROLL),
+    "distilbert-mnli": ("model.classifier", ROLL),
     "bert-ner": ("model.classifier", ROLL),
     "roberta": ("model.get_output_embeddings()", ROLL),
     "vit": ("model.classifier", ROLL),
@@ -361,8 +365,9 @@ def test_each_forward_task_passes_through_its_pipeline_and_the_pipeline_answers_
         assert "pipe.model = torch.compile(pipe.model" in row.runscript and row.graphs_compiled >= 1
         # The warm second call compiles nothing new.
         assert row.recompiles == 0
-        if task == "token-classification":
-            # Its pipeline pads nothing: each sentence length compiled a graph of its own, and the row says so.
+        if task in ("token-classification", "zero-shot-classification"):
+            # Its pipeline pads nothing: each sentence (or sentence and hypothesis) length compiled a graph of its
+            # own, and the row says so.
             assert row.graphs_compiled > 1 and row.excess_graphs == row.graphs_compiled - 1
         elif task not in ("audio-classification", "image-segmentation"):
             # wav2vec2's and SegFormer's forwards break into two graphs (docs/tasks.md).
@@ -370,6 +375,13 @@ def test_each_forward_task_passes_through_its_pipeline_and_the_pipeline_answers_
         # The pipeline's own answer is the decision the device made, item by item.
         if task in ("text-classification", "image-classification", "audio-classification"):
             assert row.pipeline_text == row.text, (row.pipeline_text, row.text)
+        elif task == "zero-shot-classification":
+            # Each sentence's best label is the one whose hypothesis the tiny NLI model was trained to entail
+            # (zoo/spec.py), and each pair's class is the one it was trained to give.
+            assert row.pipeline_text == "animals; complaint; question", row.pipeline_text
+            assert row.text.split("; ") == [
+                ["ENTAILMENT", "NEUTRAL", "CONTRADICTION"][i] for i in (2, 2, 0, 0, 2, 1, 1, 0, 2)
+            ]
         else:
             assert row.pipeline_text and row.text
 

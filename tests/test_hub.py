@@ -75,6 +75,7 @@ MODELS = [
     ModelRecord("org/bge-features", downloads=800, trending_score=5, pipeline_tag="feature-extraction"),
     # The forward tasks' leaders: one each.
     ModelRecord("distilbert/sst2", downloads=6000, trending_score=12, pipeline_tag="text-classification"),
+    ModelRecord("facebook/mnli", downloads=5000, trending_score=8, pipeline_tag="zero-shot-classification"),
     ModelRecord("dslim/ner", downloads=3000, trending_score=9, pipeline_tag="token-classification"),
     ModelRecord("google-bert/base", downloads=9000, trending_score=15, pipeline_tag="fill-mask"),
     ModelRecord("google/vit", downloads=4000, trending_score=7, pipeline_tag="image-classification"),

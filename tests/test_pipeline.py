@@ -121,6 +121,7 @@ def test_the_pipeline_check_applies_to_the_tasks_users_run_pipelines_for_on_one_
         "automatic-speech-recognition",
         # The forward tasks' pipelines call the model's forward (templates/tasks/forward_pipeline.py).
         "text-classification",
+        "zero-shot-classification",
         "token-classification",
         "fill-mask",
         "image-classification",

@@ -144,6 +144,7 @@ def test_tiny_zoo_sweep_passes_every_architecture_with_four_workers_over_four_co
     tasks = {"text-generation", "image-text-to-text", "sentence-similarity", "text-to-image"}
     deciding = {
         "text-classification",
+        "zero-shot-classification",
         "token-classification",
         "fill-mask",
         "image-classification",

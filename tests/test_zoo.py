@@ -104,6 +104,7 @@ def test_models_tiny_yaml_lists_the_zoo_with_the_zoo_prompt() -> None:
     forward = [entries.pop() for _ in zoo.FORWARD_REPOS][::-1]
     assert [(e["task"], e["tags"][0], set(e)) for e in forward] == [
         ("text-classification", "distilbert", {"id", "task", "tags", "checks"}),
+        ("zero-shot-classification", "distilbert", {"id", "task", "tags"}),
         ("token-classification", "bert", {"id", "task", "tags"}),
         ("fill-mask", "roberta", {"id", "task", "tags"}),
         ("image-classification", "vit", {"id", "task", "tags"}),
@@ -114,8 +115,8 @@ def test_models_tiny_yaml_lists_the_zoo_with_the_zoo_prompt() -> None:
         ("image-segmentation", "segformer", {"id", "task", "tags"}),
     ]
     # The main job's Pipeline checks: a forward task's, and the depth pipeline's known bfloat16 failure.
-    assert forward[0]["checks"] == forward[6]["checks"] == ["inference", "pipeline"]
-    assert forward[6]["expect"]["check"] == "pipeline"
+    assert forward[0]["checks"] == forward[7]["checks"] == ["inference", "pipeline"]
+    assert forward[7]["expect"]["check"] == "pipeline"
     speech, image = entries.pop(), entries.pop()
     assert speech == {
         "id": zoo.WHISPER_REPO,

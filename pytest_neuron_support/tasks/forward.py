@@ -45,6 +45,14 @@ SENTENCES: tuple[str, ...] = (
     "AWS Trainium runs PyTorch models through TorchNeuron.",
 )
 
+#: What a zero-shot classifier classifies: three of :data:`SENTENCES` (short enough that each, paired with every
+#: hypothesis, fits :data:`LENGTH`), each paired with every :data:`CANDIDATE_LABELS` hypothesis.
+ZERO_SHOT_SENTENCES: tuple[str, ...] = (SENTENCES[0], SENTENCES[2], SENTENCES[4])
+#: The candidate labels a zero-shot classifier is asked about (each through the hypothesis template).
+CANDIDATE_LABELS: tuple[str, ...] = ("complaint", "question", "animals")
+#: transformers' zero-shot pipeline's default hypothesis.
+HYPOTHESIS_TEMPLATE = "This example is {}."
+
 #: What a fill-mask task fills: ``{mask}`` is written as the tokenizer's own mask token.
 MASKED_SENTENCES: tuple[str, ...] = (
     "The quick brown fox jumps over a lazy {mask}.",
@@ -92,6 +100,10 @@ class Reading:
             detector's ``pred_boxes``, one box per query).
         pipeline_keywords: what the pipeline check passes the task's pipeline beside an image or a waveform
             (``{"top_k": 1}``: the top label, which the direct path's decision is).
+        candidate_labels: a zero-shot classifier's labels: each sentence is paired with each label's hypothesis
+            (:attr:`hypothesis_template`), as transformers' zero-shot pipeline pairs them, and each pair is an
+            item (its decision: entailment, neutral or contradiction).
+        hypothesis_template: the hypothesis each candidate label is written into.
     """
 
     output: str
@@ -102,6 +114,8 @@ class Reading:
     decides: bool = True
     also: tuple[str, ...] = ()
     pipeline_keywords: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}), hash=False)
+    candidate_labels: tuple[str, ...] = ()
+    hypothesis_template: str = HYPOTHESIS_TEMPLATE
 
     def __post_init__(self) -> None:
         if self.items not in ITEMS:
@@ -124,10 +138,12 @@ class ForwardTask(Task):
     pipeline: ClassVar[bool] = True
     trainable: ClassVar[bool] = False  # train.py trains causal language modelling only
 
-    def __init__(self, name: str, auto_class: str, registry: str, reading: Reading) -> None:
+    def __init__(self, name: str, auto_class: str, registry: str | None, reading: Reading) -> None:
         super().__init__(name)
         self.auto_class = auto_class
-        self.registry = ("transformers.models.auto.modeling_auto", registry)
+        # None: the task's architectures are another row's registry's (a zero-shot classifier is a sequence
+        # classifier trained on NLI), which coverage reads there.
+        self.registry = None if registry is None else ("transformers.models.auto.modeling_auto", registry)
         self.reading = reading
         # The input kind's fragment (its preprocessor and fixed input), then the forward pass.
         self.code = (INPUT_FRAGMENTS[reading.inputs], "forward.py")
@@ -162,6 +178,9 @@ class ForwardTask(Task):
             options["also"] = list(self.reading.also)
         if self.reading.pipeline_keywords:
             options["pipeline_keywords"] = dict(self.reading.pipeline_keywords)
+        if self.reading.candidate_labels:
+            options["candidate_labels"] = list(self.reading.candidate_labels)
+            options["hypothesis_template"] = self.reading.hypothesis_template
         if self.reading.inputs == "audio":
             options["audio"] = dict(AUDIO)
         return options

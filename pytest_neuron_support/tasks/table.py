@@ -14,7 +14,14 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 from pytest_neuron_support.tasks.embedding import SentenceEmbedding
-from pytest_neuron_support.tasks.forward import MASKED_SENTENCES, SENTENCES, ForwardTask, Reading
+from pytest_neuron_support.tasks.forward import (
+    CANDIDATE_LABELS,
+    MASKED_SENTENCES,
+    SENTENCES,
+    ZERO_SHOT_SENTENCES,
+    ForwardTask,
+    Reading,
+)
 from pytest_neuron_support.tasks.generation import ImageTextToText, TextGeneration
 from pytest_neuron_support.tasks.speech import SpeechRecognition
 from pytest_neuron_support.tasks.task import Task
@@ -76,6 +83,12 @@ TASKS: Mapping[str, Task] = MappingProxyType(
                     preprocessor="AutoFeatureExtractor",
                     pipeline_keywords=TOP_LABEL,
                 ),
+            ),
+            ForwardTask(
+                "zero-shot-classification",
+                "AutoModelForSequenceClassification",
+                None,  # text-classification's registry: an NLI model is a sequence classifier
+                Reading("logits", "sequence", sentences=ZERO_SHOT_SENTENCES, candidate_labels=CANDIDATE_LABELS),
             ),
             ForwardTask(
                 "image-feature-extraction",

@@ -850,6 +850,33 @@ _FORWARD_SPECS: dict[str, dict[str, Any]] = {
             "tie_weights_": True,
         },
     },
+    "distilbert-mnli": {
+        "task": "zero-shot-classification",
+        "source": "typeform/distilbert-base-uncased-mnli",
+        "auto_class": "DistilBertForSequenceClassification",
+        # Each (sentence, hypothesis) pair's NLI class, sentence by sentence, label by label (tasks/forward.py's
+        # ZERO_SHOT_SENTENCES x CANDIDATE_LABELS): 0 entailment, 1 neutral, 2 contradiction.
+        "labels": [2, 2, 0, 0, 2, 1, 1, 0, 2],
+        "config": {
+            "architectures": ["DistilBertForSequenceClassification"],
+            "model_type": "distilbert",
+            "activation": "gelu",
+            "attention_dropout": 0.1,
+            "dim": _HIDDEN,
+            "dropout": 0.1,
+            "hidden_dim": _INTER,
+            "id2label": {"0": "ENTAILMENT", "1": "NEUTRAL", "2": "CONTRADICTION"},
+            "label2id": {"ENTAILMENT": 0, "NEUTRAL": 1, "CONTRADICTION": 2},
+            "initializer_range": 0.02,
+            "max_position_embeddings": 66,
+            "n_heads": _HEADS,
+            "n_layers": _LAYERS,
+            "qa_dropout": 0.1,
+            "seq_classif_dropout": 0.2,
+            "sinusoidal_pos_embds": False,
+            "tie_weights_": True,
+        },
+    },
     "bert-ner": {
         "task": "token-classification",
         "source": "dslim/bert-base-NER",

@@ -48,15 +48,27 @@ def forward_texts(tokenizer):
     return [s.replace(MASK_PLACEHOLDER, tokenizer.mask_token) for s in sentences]
 
 
+def zero_shot_pairs(texts):
+    """(sentence, hypothesis) for every sentence and every candidate label, sentence by sentence."""
+    options = SPEC["task_options"]
+    return [(t, options["hypothesis_template"].format(label)) for t in texts for label in options["candidate_labels"]]
+
+
 def forward_batch(torch, preprocessor):
     """(the model's inputs on CPU, which of them are the tokenizer's special tokens or None): SPEC's inputs."""
     options = SPEC["task_options"]
     kind = options["input"]
     if kind == "text":
+        texts, truncation = [forward_texts(preprocessor)], True
+        if options.get("candidate_labels"):
+            # A zero-shot classifier's items: each sentence paired with each label's hypothesis, as its pipeline
+            # pairs them (only the sentence cut, never the hypothesis).
+            pairs = zero_shot_pairs(texts[0])
+            texts, truncation = [[p for p, _ in pairs], [h for _, h in pairs]], "only_first"
         batch = preprocessor(
-            forward_texts(preprocessor),
+            *texts,
             padding="max_length",
-            truncation=True,
+            truncation=truncation,
             max_length=options["length"],
             return_special_tokens_mask=True,
             return_tensors="pt",

@@ -60,6 +60,11 @@ def pipeline_inputs(torch, pipe):
     if kind == "text":
         texts = forward_texts(pipe.tokenizer)
         keywords = {"padding": "max_length", "truncation": True, "max_length": options["length"]}
+        if options.get("candidate_labels"):
+            # Every sentence against every label: the pipeline runs the model once per (sentence, hypothesis)
+            # pair, each at its own length (its tokenizer call takes no padding argument).
+            labels = list(options["candidate_labels"])
+            return texts, {"candidate_labels": labels, "hypothesis_template": options["hypothesis_template"]}
         if SPEC["task"] == "token-classification":
             # Its pipeline takes no padding argument: each sentence runs at its own length, so each length
             # compiles a graph of its own (the row's graphs_compiled says how many), as a user's pipeline would.
@@ -106,6 +111,9 @@ def pipeline_answers(said):
     labels; a depth map's or features' size)."""
     lines = []
     for answer in said:
+        if isinstance(answer, dict) and "labels" in answer:
+            lines.append(str(answer["labels"][0]))  # a zero-shot classifier's best candidate label
+            continue
         if isinstance(answer, dict) and "predicted_depth" in answer:
             lines.append(f"depth {list(answer['predicted_depth'].shape)}")
             continue
@@ -143,10 +151,12 @@ def run_task(torch, pipe, model, state):  # replaces forward.py's
 
     said, _, facts = cold_then_warm(torch, call, call)
     watch.handle.remove()
-    if len(runs[0]) != len(inputs) or len(runs[1]) != len(inputs):
+    # Once per input; a zero-shot pipeline once per (input, candidate label) pair.
+    calls = len(inputs) * len(keywords.get("candidate_labels") or [None])
+    if len(runs[0]) != calls or len(runs[1]) != calls:
         raise RuntimeError(
             f"the pipeline ran the model {len(runs[0])} and {len(runs[1])} times for {len(inputs)} inputs, "
-            "not once each"
+            f"not {calls} times"
         )
     texts = inputs if SPEC["task_options"]["input"] == "text" else None
     vectors, items, decisions, labels, also = read_calls(torch, runs[0], texts, tokenizer, model)
