@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pytest
@@ -142,7 +143,8 @@ def test_every_forward_row_reads_an_output_its_fragment_knows() -> None:
         # A task without a decision reads each input's whole output (its features, its depth map).
         assert task.reading.decides or task.reading.items == "sequence"
         # Every row names its registry, but a zero-shot classifier's: its NLI models are text-classification's.
-        assert (task.registry is None) == bool(task.reading.candidate_labels)
+        text_zero_shot = bool(task.reading.candidate_labels) and task.reading.inputs == "text"
+        assert (task.registry is None) == text_zero_shot
         assert not task.generates and not task.takes_prompt
         if task.reading.items == "mask":
             assert all("{mask}" in sentence for sentence in task.reading.sentences)
@@ -162,6 +164,48 @@ def test_a_numbers_only_verdict_is_the_calibrated_tolerance_alone() -> None:
     assert bad.result == "FAIL" and "d depth: depth at step 0" in str(bad.error) and "decisions" not in str(bad.error)
 
 
+def test_a_fault_in_an_output_compared_beside_the_scores_fails_naming_it() -> None:
+    # A detector's boxes are compared item by item beside its class scores: a box wrong on the device alone
+    # FAILs, though every score and decision agrees.
+    task = task_of("object-detection")
+    assert isinstance(task, ForwardTask) and task.reading.also == ("pred_boxes",)
+    scores, boxes = [[4.0, 1.0, 0.5], [0.2, 3.0, 0.1]], [[0.5, 0.5, 0.2, 0.2], [0.3, 0.6, 0.1, 0.4]]
+    noisy = [[[x * 1.001 for x in v] for v in vectors] for vectors in (scores, boxes)]
+    cpu = {"outputs": scores, "also_outputs": {"pred_boxes": boxes}}
+    cpu |= {"noise_outputs": noisy[0], "noise_also_outputs": {"pred_boxes": noisy[1]}}
+    healthy = task.compare_outputs({"outputs": scores, "also_outputs": {"pred_boxes": boxes}}, cpu)
+    assert healthy.match and healthy.stages() == ("logits", "pred_boxes")
+    flipped = [list(reversed(box)) for box in boxes]
+    checked = task.compare_outputs({"outputs": scores, "also_outputs": {"pred_boxes": flipped}}, cpu)
+    bad = checked.first_bad
+    assert not checked.match and bad is not None and (bad.stage, bad.step) == ("pred_boxes", 0)
+    verdict = decide.forward(checked, compare_decisions(scores, scores, noisy[0]), "object-detection logits/pred_boxes")
+    assert verdict.result == "FAIL" and "object-detection logits/pred_boxes: pred_boxes at step 0" in str(verdict.error)
+    # A device run that returned no boxes compares nothing for them: never a PASS.
+    missing = task.compare_outputs({"outputs": scores, "also_outputs": {}}, cpu)
+    assert not missing.match and "pred_boxes" in str(missing.problem)
+
+
+def test_a_segmentation_map_larger_than_the_grid_is_read_at_a_grid_of_pixels() -> None:
+    # UperNet's logits come at the input's 512x512: 2 x 262,144 pixels of 150 classes would be the items. run.py
+    # reads every n-th pixel of such a map (the same pixels on both sides), every pixel of a small one.
+    task = task_of("image-segmentation")
+    assert isinstance(task, ForwardTask)
+    spec = {"sentences": [], "image_size": list(TEST_CARD_SIZE), "task_options": task.task_options()}
+    namespace: dict[str, Any] = {"__name__": "template"}
+    exec(compile(with_spec(template("run.py", task.fragments), spec), "run.py", "exec"), namespace)
+
+    class Map:
+        def __init__(self, *shape: int) -> None:
+            self.shape = shape
+
+    positions = namespace["item_positions"]
+    small = positions(None, None, Map(2, 4, 16, 16), None)
+    assert len(small) == 2 * 16 * 16 and small[:2] == [(0, 0, 0), (0, 0, 1)]
+    large = positions(None, None, Map(2, 150, 512, 500), None)
+    assert len(large) == 2 * 32 * 32 and large[:2] == [(0, 0, 0), (0, 0, 16)] and large[-1] == (1, 496, 496)
+
+
 # --- through the plugin -------------------------------------------------------------------------------
 
 #: Each forward model of the zoo, by task.
@@ -172,6 +216,7 @@ MODELS = {
     "fill-mask": "tiny-random/roberta",
     "image-classification": "tiny-random/vit",
     "audio-classification": "tiny-random/wav2vec2-ks",
+    "zero-shot-image-classification": "tiny-random/clip",
     "image-feature-extraction": "tiny-random/dinov2",
     "depth-estimation": "tiny-random/depth-anything",
     "object-detection": "tiny-random/yolos",
@@ -192,6 +237,8 @@ HEADS = {
     "roberta": ("model.get_output_embeddings()", ROLL),
     "vit": ("model.classifier", ROLL),
     "wav2vec2-ks": ("model.classifier", ROLL),
+    # CLIP's candidate labels' text embeddings rolled by one label: each image scored against its neighbour's.
+    "clip": ("model.text_projection", "out.roll(1, dims=0)"),
     "dinov2": ("model.layernorm", "out.flip(-1)"),
     "depth-anything": ("model.head", "out.flip(-1)"),
     "yolos": ("model.class_labels_classifier", ROLL),
@@ -375,6 +422,9 @@ def test_each_forward_task_passes_through_its_pipeline_and_the_pipeline_answers_
         # The pipeline's own answer is the decision the device made, item by item.
         if task in ("text-classification", "image-classification", "audio-classification"):
             assert row.pipeline_text == row.text, (row.pipeline_text, row.text)
+        elif task == "zero-shot-image-classification":
+            # The pipeline's best label for each image is the device's decision, named as the candidate label.
+            assert row.pipeline_text == row.text == "a test card; a mirrored test card", row.text
         elif task == "zero-shot-classification":
             # Each sentence's best label is the one whose hypothesis the tiny NLI model was trained to entail
             # (zoo/spec.py), and each pair's class is the one it was trained to give.

@@ -80,6 +80,7 @@ MODELS = [
     ModelRecord("google-bert/base", downloads=9000, trending_score=15, pipeline_tag="fill-mask"),
     ModelRecord("google/vit", downloads=4000, trending_score=7, pipeline_tag="image-classification"),
     ModelRecord("superb/ks", downloads=900, trending_score=3, pipeline_tag="audio-classification"),
+    ModelRecord("openai/clip", downloads=7000, trending_score=13, pipeline_tag="zero-shot-image-classification"),
     ModelRecord("facebook/dinov2", downloads=2500, trending_score=6, pipeline_tag="image-feature-extraction"),
     ModelRecord("depth/anything", downloads=1200, trending_score=11, pipeline_tag="depth-estimation"),
     ModelRecord("hustvl/yolos", downloads=1500, trending_score=4, pipeline_tag="object-detection"),

@@ -108,10 +108,10 @@ def test_repository_root_runs_the_catalog_and_tests_apart(tmp_path: Path, offlin
         return done.stdout
 
     sweep = collect(".", "--device=cpu", "--models-file=models-tiny.yaml", f"--results-dir={tmp_path / 'out'}")
-    assert "suite: the catalog models-tiny.yaml (25 models)" in sweep, sweep
+    assert "suite: the catalog models-tiny.yaml (26 models)" in sweep, sweep
     items = [line.strip() for line in sweep.splitlines() if line.strip().startswith("<Function ")]
     # One item per model, and one per Pipeline check (the text classifier's, the depth model's).
-    assert len(items) == 27 and all(
+    assert len(items) == 28 and all(
         line.startswith(("<Function test_model[", "<Function test_pipeline[")) for line in items
     )
     assert sorted(line for line in items if "test_pipeline[" in line) == [

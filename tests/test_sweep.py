@@ -149,6 +149,7 @@ def test_tiny_zoo_sweep_passes_every_architecture_with_four_workers_over_four_co
         "fill-mask",
         "image-classification",
         "audio-classification",
+        "zero-shot-image-classification",
         "object-detection",
         "image-segmentation",
     }

@@ -52,6 +52,10 @@ ZERO_SHOT_SENTENCES: tuple[str, ...] = (SENTENCES[0], SENTENCES[2], SENTENCES[4]
 CANDIDATE_LABELS: tuple[str, ...] = ("complaint", "question", "animals")
 #: transformers' zero-shot pipeline's default hypothesis.
 HYPOTHESIS_TEMPLATE = "This example is {}."
+#: What a zero-shot image classifier is asked about: what the test card shows, and two things it does not.
+IMAGE_CANDIDATE_LABELS: tuple[str, ...] = ("a test card", "a mirrored test card", "a cat")
+#: transformers' zero-shot image pipeline's default hypothesis.
+IMAGE_HYPOTHESIS_TEMPLATE = "This is a photo of {}."
 
 #: What a fill-mask task fills: ``{mask}`` is written as the tokenizer's own mask token.
 MASKED_SENTENCES: tuple[str, ...] = (
@@ -66,6 +70,10 @@ MASKED_SENTENCES: tuple[str, ...] = (
 #: pipeline's own call sees the same tokens; run.py stops at load (before compiling) when a sentence fills
 #: every position, since it may have been cut.
 LENGTH = 48
+
+#: The most pixels a side a segmentation's items are read at: a larger map (UperNet's logits come at the input's
+#: 512x512) is read at every n-th pixel, the same grid on both sides, so the items stay a few thousand.
+PIXEL_GRID = 32
 
 
 #: The input fragment of each kind of input (templates/tasks/): its preprocessor class and fixed input.
@@ -102,7 +110,9 @@ class Reading:
             (``{"top_k": 1}``: the top label, which the direct path's decision is).
         candidate_labels: a zero-shot classifier's labels: each sentence is paired with each label's hypothesis
             (:attr:`hypothesis_template`), as transformers' zero-shot pipeline pairs them, and each pair is an
-            item (its decision: entailment, neutral or contradiction).
+            item (its decision: entailment, neutral or contradiction); a zero-shot image classifier is given
+            every label's hypothesis beside each image, whose item is its score per label (its decision: the
+            label).
         hypothesis_template: the hypothesis each candidate label is written into.
     """
 
@@ -178,6 +188,8 @@ class ForwardTask(Task):
             options["also"] = list(self.reading.also)
         if self.reading.pipeline_keywords:
             options["pipeline_keywords"] = dict(self.reading.pipeline_keywords)
+        if self.reading.items == "pixels":
+            options["pixel_grid"] = PIXEL_GRID
         if self.reading.candidate_labels:
             options["candidate_labels"] = list(self.reading.candidate_labels)
             options["hypothesis_template"] = self.reading.hypothesis_template

@@ -16,6 +16,8 @@ from types import MappingProxyType
 from pytest_neuron_support.tasks.embedding import SentenceEmbedding
 from pytest_neuron_support.tasks.forward import (
     CANDIDATE_LABELS,
+    IMAGE_CANDIDATE_LABELS,
+    IMAGE_HYPOTHESIS_TEMPLATE,
     MASKED_SENTENCES,
     SENTENCES,
     ZERO_SHOT_SENTENCES,
@@ -89,6 +91,19 @@ TASKS: Mapping[str, Task] = MappingProxyType(
                 "AutoModelForSequenceClassification",
                 None,  # text-classification's registry: an NLI model is a sequence classifier
                 Reading("logits", "sequence", sentences=ZERO_SHOT_SENTENCES, candidate_labels=CANDIDATE_LABELS),
+            ),
+            ForwardTask(
+                "zero-shot-image-classification",
+                "AutoModelForZeroShotImageClassification",
+                "MODEL_FOR_ZERO_SHOT_IMAGE_CLASSIFICATION_MAPPING_NAMES",
+                Reading(
+                    "logits_per_image",
+                    "sequence",
+                    inputs="image",
+                    preprocessor="AutoProcessor",
+                    candidate_labels=IMAGE_CANDIDATE_LABELS,
+                    hypothesis_template=IMAGE_HYPOTHESIS_TEMPLATE,
+                ),
             ),
             ForwardTask(
                 "image-feature-extraction",

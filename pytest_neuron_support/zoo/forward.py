@@ -113,7 +113,14 @@ def _preprocessor(spec: dict[str, Any], loader: str, tokenizer_dir: Path, out_di
     if "preprocessor" not in spec:
         return _forward_tokenizer(tokenizer_dir, out_dir)
     fields = dict(spec["preprocessor"])
-    getattr(transformers, fields.pop("class"))(**fields).save_pretrained(out_dir)
+    made = getattr(transformers, fields.pop("class"))(**fields)
+    processor = spec.get("processor")
+    if processor:
+        # An image processor and the zoo's tokenizer in one processor (a CLIP-style model takes both).
+        made = getattr(transformers, processor)(
+            image_processor=made, tokenizer=_forward_tokenizer(tokenizer_dir, out_dir)
+        )
+    made.save_pretrained(out_dir)
     return getattr(transformers, loader).from_pretrained(str(out_dir))
 
 
@@ -137,6 +144,12 @@ def _build_forward(name: str, tokenizer_dir: Path, fingerprint: str, out_dir: Pa
     if tokenizer:
         special_ids["pad_token_id"] = preprocessor.pad_token_id
         config_fields["vocab_size"] = len(preprocessor)
+    text = getattr(preprocessor, "tokenizer", None)
+    if text is not None and "text_config" in config_fields:
+        # A text tower's ids are its tokenizer's (CLIP pools at the end-of-text token's position).
+        ids = {"vocab_size": len(text), "pad_token_id": text.pad_token_id}
+        ids |= {"bos_token_id": text.bos_token_id, "eos_token_id": text.eos_token_id}
+        config_fields["text_config"] = {**config_fields["text_config"], **ids}
     if config_fields["model_type"] == "roberta":
         special_ids |= {"bos_token_id": preprocessor.bos_token_id, "eos_token_id": preprocessor.eos_token_id}
     config = transformers.AutoConfig.for_model(**config_fields, **special_ids)
@@ -156,7 +169,12 @@ def _build_forward(name: str, tokenizer_dir: Path, fingerprint: str, out_dir: Pa
         return "untrained: numbers only"
     with torch.no_grad():
         labels = _targets(
-            torch, {**spec, "n_labels": config.num_labels}, preprocessor, batch, special, model(**batch).logits
+            torch,
+            {**spec, "n_labels": config.num_labels},
+            preprocessor,
+            batch,
+            special,
+            getattr(model(**batch), output),
         )
     optimizer = torch.optim.AdamW(model.parameters(), lr=float(_FORWARD_TRAIN["learning_rate"]))
     model.train()

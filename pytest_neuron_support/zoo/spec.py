@@ -823,6 +823,8 @@ _WHISPER_SPEC: dict[str, Any] = {
 #: learns from its embeddings), or the word at each mask (``words``, the first word-piece of each); an image or
 #: audio classifier takes the checkpoint's own preprocessor (``preprocessor``) and labels each input.
 _BERT_DROPOUT = {"attention_probs_dropout_prob": 0.1, "hidden_dropout_prob": 0.1, "initializer_range": 0.02}
+#: The ImageNet normalisation most image processors of the checkpoints below ship with.
+_IMAGENET_NORMALIZE = {"do_normalize": True, "image_mean": [0.485, 0.456, 0.406], "image_std": [0.229, 0.224, 0.225]}
 _FORWARD_SPECS: dict[str, dict[str, Any]] = {
     "distilbert-sst2": {
         "task": "text-classification",
@@ -1003,6 +1005,47 @@ _FORWARD_SPECS: dict[str, dict[str, Any]] = {
             "use_weighted_layer_sum": True,
         },
     },
+    "clip": {
+        "task": "zero-shot-image-classification",
+        "source": "openai/clip-vit-base-patch32",
+        "auto_class": "CLIPModel",
+        "labels": [0, 1],  # the test card: "a test card"; its mirror image: "a mirrored test card"
+        "processor": "CLIPProcessor",
+        "preprocessor": {
+            "class": "CLIPImageProcessor",
+            "do_resize": True,
+            "size": {"shortest_edge": 32},
+            "do_center_crop": True,
+            "crop_size": {"height": 32, "width": 32},
+            "do_normalize": True,
+            "image_mean": [0.48145466, 0.4578275, 0.40821073],
+            "image_std": [0.26862954, 0.26130258, 0.27577711],
+            "resample": 3,
+        },
+        "config": {
+            "architectures": ["CLIPModel"],
+            "model_type": "clip",
+            "logit_scale_init_value": 2.6592,
+            "projection_dim": 32,
+            "text_config": {
+                "hidden_act": "quick_gelu",
+                "hidden_size": _HIDDEN,
+                "intermediate_size": _INTER,
+                "max_position_embeddings": 48,
+                "num_attention_heads": _HEADS,
+                "num_hidden_layers": _LAYERS,
+            },
+            "vision_config": {
+                "hidden_act": "quick_gelu",
+                "hidden_size": _HIDDEN,
+                "image_size": 32,
+                "intermediate_size": _INTER,
+                "num_attention_heads": _HEADS,
+                "num_hidden_layers": _LAYERS,
+                "patch_size": 8,
+            },
+        },
+    },
     "dinov2": {
         "task": "image-feature-extraction",
         "source": "facebook/dinov2-small",
@@ -1013,9 +1056,7 @@ _FORWARD_SPECS: dict[str, dict[str, Any]] = {
             "size": {"shortest_edge": 56},
             "do_center_crop": True,
             "crop_size": {"height": 56, "width": 56},
-            "do_normalize": True,
-            "image_mean": [0.485, 0.456, 0.406],
-            "image_std": [0.229, 0.224, 0.225],
+            **_IMAGENET_NORMALIZE,
             "resample": 3,
         },
         "config": {
@@ -1050,9 +1091,7 @@ _FORWARD_SPECS: dict[str, dict[str, Any]] = {
             "keep_aspect_ratio": True,
             "ensure_multiple_of": 14,
             "do_pad": False,
-            "do_normalize": True,
-            "image_mean": [0.485, 0.456, 0.406],
-            "image_std": [0.229, 0.224, 0.225],
+            **_IMAGENET_NORMALIZE,
             "resample": 3,
         },
         "config": {
@@ -1089,9 +1128,7 @@ _FORWARD_SPECS: dict[str, dict[str, Any]] = {
             "do_resize": True,
             "size": {"height": 64, "width": 64},
             "do_pad": False,
-            "do_normalize": True,
-            "image_mean": [0.485, 0.456, 0.406],
-            "image_std": [0.229, 0.224, 0.225],
+            **_IMAGENET_NORMALIZE,
         },
         "config": {
             "architectures": ["YolosForObjectDetection"],
@@ -1123,9 +1160,7 @@ _FORWARD_SPECS: dict[str, dict[str, Any]] = {
             "class": "SegformerImageProcessor",
             "do_resize": True,
             "size": {"height": 64, "width": 64},
-            "do_normalize": True,
-            "image_mean": [0.485, 0.456, 0.406],
-            "image_std": [0.229, 0.224, 0.225],
+            **_IMAGENET_NORMALIZE,
             "resample": 2,
         },
         "config": {
@@ -1159,8 +1194,20 @@ FORWARD_REPOS: Mapping[str, str] = MappingProxyType({name: f"{ZOO_ORG}/{name}" f
 def _forward_inputs() -> dict[str, Any]:
     """What run.py feeds a forward task (the forward models are trained on exactly that)."""
     from pytest_neuron_support.tasks import forward
+    from pytest_neuron_support.tasks.table import TASKS
 
-    return {"length": forward.LENGTH, "sentences": forward.SENTENCES, "masked": forward.MASKED_SENTENCES}
+    # Each forward task's reading (its candidate labels, hypotheses, items) and the sentences it reads.
+    readings = {
+        name: {"options": task.task_options(), "sentences": list(task.reading.sentences)}
+        for name, task in TASKS.items()
+        if isinstance(task, forward.ForwardTask)
+    }
+    return {
+        "length": forward.LENGTH,
+        "sentences": forward.SENTENCES,
+        "masked": forward.MASKED_SENTENCES,
+        "readings": readings,
+    }
 
 
 def zoo_fingerprint() -> str:

@@ -84,6 +84,11 @@ def forward_batch(torch, preprocessor):
         return batch, special
     if kind == "image":
         card = fixed_image(torch, *SPEC["image_size"])
+        if options.get("candidate_labels"):
+            # A zero-shot image classifier: every label's hypothesis beside the images, padded as its pipeline
+            # pads them (to the longest: one fixed shape, since the hypotheses are fixed).
+            texts = [options["hypothesis_template"].format(label) for label in options["candidate_labels"]]
+            return preprocessor(images=[card, card.flip(-1)], text=texts, padding=True, return_tensors="pt"), None
         return preprocessor(images=[card, card.flip(-1)], return_tensors="pt"), None
     if kind == "audio":
         wave = fixed_audio(torch)
@@ -113,8 +118,11 @@ def item_positions(batch, special, scores, tokenizer):
     if read == "positions":
         return [(i, j) for i in range(scores.shape[0]) for j in range(scores.shape[1])]
     if read == "pixels":
+        # Every pixel, or every n-th of a map larger than the grid (the same grid on both sides).
         _, _, height, width = scores.shape
-        return [(i, y, x) for i in range(scores.shape[0]) for y in range(height) for x in range(width)]
+        grid = SPEC["task_options"]["pixel_grid"]
+        rows, columns = range(0, height, -(-height // grid)), range(0, width, -(-width // grid))
+        return [(i, y, x) for i in range(scores.shape[0]) for y in rows for x in columns]
     raise NotImplementedError(
         f"SPEC['task_options']['read'] = {read!r}: run.py reads sequence, tokens, mask, positions or pixels"
     )
@@ -140,7 +148,11 @@ def read_items(torch, batch, special, output, model, tokenizer):
         return [v.tolist() for v in vectors], [list(p) for p in picks], [], []
     id2label = getattr(model.config, "id2label", None) or {}
 
+    candidates = SPEC["task_options"].get("candidate_labels") if SPEC["task_options"]["input"] == "image" else None
+
     def name(index):
+        if candidates:
+            return str(candidates[index])  # a zero-shot image classifier's score per candidate label
         return tokenizer.decode([index]).strip() if read == "mask" else str(id2label.get(index, index))
 
     # The top-1; a one-score head (a reranker) decides by the score's sign, as its pipeline's sigmoid does.

@@ -72,8 +72,12 @@ def pipeline_inputs(torch, pipe):
         if SPEC["task"] == "fill-mask":
             return texts, {"top_k": 1, "tokenizer_kwargs": keywords}
         return texts, keywords
-    # An image or a waveform with the task row's keywords (the top label; a detector's threshold).
+    # An image or a waveform with the task row's keywords (a classifier's top label; a zero-shot image
+    # classifier's candidate labels and hypothesis).
     keywords = dict(options.get("pipeline_keywords", {}))
+    if options.get("candidate_labels"):
+        keywords |= {"candidate_labels": list(options["candidate_labels"])}
+        keywords |= {"hypothesis_template": options["hypothesis_template"]}
     if kind == "image":
         card = fixed_image(torch, *SPEC["image_size"])
         return [pil_image(c) for c in (card, card.flip(-1))], keywords
@@ -107,8 +111,8 @@ def read_calls(torch, calls, texts, tokenizer, model):
 
 
 def pipeline_answers(said):
-    """What the pipeline itself answered, one line per input (its top label, its tags, its word, its detections'
-    labels; a depth map's or features' size)."""
+    """What the pipeline itself answered, one line per input (its top label, its tags, its word, a zero-shot
+    classifier's best label, every detection's or segment's label; a depth map's or the features' size)."""
     lines = []
     for answer in said:
         if isinstance(answer, dict) and "labels" in answer:
@@ -118,7 +122,10 @@ def pipeline_answers(said):
             lines.append(f"depth {list(answer['predicted_depth'].shape)}")
             continue
         if isinstance(answer, list) and answer and isinstance(answer[0], list):
-            lines.append(f"features {len(answer)}x{len(answer[0])}")
+            lines.append(f"features {len(answer)}x{len(answer[0])}x{len(answer[0][0])}")
+            continue
+        if isinstance(answer, list) and answer and isinstance(answer[0], dict) and {"box", "mask"} & set(answer[0]):
+            lines.append(", ".join(str(found["label"]) for found in answer))  # every detection, every segment
             continue
         first = answer[0] if isinstance(answer, list) and answer and isinstance(answer[0], dict) else answer
         if isinstance(answer, list) and answer and "entity" in answer[0]:
@@ -152,7 +159,8 @@ def run_task(torch, pipe, model, state):  # replaces forward.py's
     said, _, facts = cold_then_warm(torch, call, call)
     watch.handle.remove()
     # Once per input; a zero-shot pipeline once per (input, candidate label) pair.
-    calls = len(inputs) * len(keywords.get("candidate_labels") or [None])
+    text = SPEC["task_options"]["input"] == "text"
+    calls = len(inputs) * (len(keywords.get("candidate_labels") or [None]) if text else 1)
     if len(runs[0]) != calls or len(runs[1]) != calls:
         raise RuntimeError(
             f"the pipeline ran the model {len(runs[0])} and {len(runs[1])} times for {len(inputs)} inputs, "
