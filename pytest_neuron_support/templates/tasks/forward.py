@@ -48,10 +48,15 @@ def forward_texts(tokenizer):
     return [s.replace(MASK_PLACEHOLDER, tokenizer.mask_token) for s in sentences]
 
 
+def hypotheses():
+    """Each candidate label written into the hypothesis template (a zero-shot task's)."""
+    options = SPEC["task_options"]
+    return [options["hypothesis_template"].format(label) for label in options["candidate_labels"]]
+
+
 def zero_shot_pairs(texts):
     """(sentence, hypothesis) for every sentence and every candidate label, sentence by sentence."""
-    options = SPEC["task_options"]
-    return [(t, options["hypothesis_template"].format(label)) for t in texts for label in options["candidate_labels"]]
+    return [(t, hypothesis) for t in texts for hypothesis in hypotheses()]
 
 
 def forward_batch(torch, preprocessor):
@@ -87,8 +92,9 @@ def forward_batch(torch, preprocessor):
         if options.get("candidate_labels"):
             # A zero-shot image classifier: every label's hypothesis beside the images, padded as its pipeline
             # pads them (to the longest: one fixed shape, since the hypotheses are fixed).
-            texts = [options["hypothesis_template"].format(label) for label in options["candidate_labels"]]
-            return preprocessor(images=[card, card.flip(-1)], text=texts, padding=True, return_tensors="pt"), None
+            return preprocessor(
+                images=[card, card.flip(-1)], text=hypotheses(), padding=True, return_tensors="pt"
+            ), None
         return preprocessor(images=[card, card.flip(-1)], return_tensors="pt"), None
     if kind == "audio":
         wave = fixed_audio(torch)
@@ -137,15 +143,20 @@ def vector_at(scores, at):
     return scores[at[0], at[1]].reshape(-1)
 
 
-def read_items(torch, batch, special, output, model, tokenizer):
-    """(each item's scores in float32 on the host, its (input, position...), its decision, its decision's name);
-    no decisions where the task's output is numbers only."""
+def read_items(torch, batch, special, outputs, model, tokenizer):
+    """(each item's scores in float32 on the host, its (input, position...), its decision, its decision's name,
+    the outputs checked as numbers only read into the same items: {name: vectors}) from every output
+    :func:`outputs_read` names; no decisions where the task's output is numbers only."""
     read = SPEC["task_options"]["read"]
-    scores = output.detach().to("cpu").float()  # to the host first: the harness's ops stay off the device
+    scores = outputs[0].detach().to("cpu").float()  # to the host first: the harness's ops stay off the device
     picks = item_positions(batch, special, scores, tokenizer)
     vectors = [vector_at(scores, at) for at in picks]
+    also = {}
+    for name, output in zip(outputs_read()[1:], outputs[1:], strict=True):
+        more = output.detach().to("cpu").float()
+        also[name] = [vector_at(more, at).tolist() for at in item_positions(batch, special, more, tokenizer)]
     if not SPEC["task_options"].get("decides", True):
-        return [v.tolist() for v in vectors], [list(p) for p in picks], [], []
+        return [v.tolist() for v in vectors], [list(p) for p in picks], [], [], also
     id2label = getattr(model.config, "id2label", None) or {}
 
     candidates = SPEC["task_options"].get("candidate_labels") if SPEC["task_options"]["input"] == "image" else None
@@ -157,17 +168,8 @@ def read_items(torch, batch, special, output, model, tokenizer):
 
     # The top-1; a one-score head (a reranker) decides by the score's sign, as its pipeline's sigmoid does.
     decisions = [int(v[0] > 0) if v.numel() == 1 else int(v.argmax()) for v in vectors]
-    return [v.tolist() for v in vectors], [list(p) for p in picks], decisions, [name(d) for d in decisions]
-
-
-def read_also(batch, special, outputs, tokenizer):
-    """The outputs checked as numbers only, each read into the same items as the scores: {name: vectors}."""
-    names = outputs_read()[1:]
-    found = {}
-    for name, output in zip(names, outputs[1:], strict=True):
-        scores = output.detach().to("cpu").float()
-        found[name] = [vector_at(scores, at).tolist() for at in item_positions(batch, special, scores, tokenizer)]
-    return found
+    labels = [name(d) for d in decisions]
+    return [v.tolist() for v in vectors], [list(p) for p in picks], decisions, labels, also
 
 
 def run_forward(torch, preprocessor, model):
@@ -193,10 +195,8 @@ def run_forward(torch, preprocessor, model):
 
     first, second, facts = cold_then_warm(torch, outputs, outputs)
     tokenizer = getattr(preprocessor, "tokenizer", preprocessor)
-    vectors, items, decisions, labels = read_items(torch, batch, special, first[0], model, tokenizer)
-    also = read_also(batch, special, first, tokenizer)
-    again = read_items(torch, batch, special, second[0], model, tokenizer)[0]
-    also_again = read_also(batch, special, second, tokenizer)
+    vectors, items, decisions, labels, also = read_items(torch, batch, special, first, model, tokenizer)
+    again, _, _, _, also_again = read_items(torch, batch, special, second, model, tokenizer)
     noise = {}
     noise_dtype = options.get("noise_dtype")
     if noise_dtype:
@@ -206,11 +206,8 @@ def run_forward(torch, preprocessor, model):
             for key, value in inputs.items():
                 if value.is_floating_point():
                     inputs[key] = value.to(model.dtype)
-            rounded = outputs()
-            noise = {
-                "noise_outputs": read_items(torch, batch, special, rounded[0], model, tokenizer)[0],
-                "noise_also_outputs": read_also(batch, special, rounded, tokenizer),
-            }
+            rounded, _, _, _, rounded_also = read_items(torch, batch, special, outputs(), model, tokenizer)
+            noise = {"noise_outputs": rounded, "noise_also_outputs": rounded_also}
         else:
             noise = {"noise_outputs": vectors, "noise_also_outputs": also}
         noise["noise_dtype"] = noise_dtype
@@ -223,7 +220,7 @@ def run_forward(torch, preprocessor, model):
         "decision_labels": labels,
         "tokens": [],
         "text": decided(labels) if labels else summary(first),
-        "repeat_identical": identical(vectors, again) and all(identical(also[k], also_again[k]) for k in also),
+        "repeat_identical": repeats(vectors, also, again, also_again),
         "prompt_tokens": int(batch["input_ids"].shape[1]) if "input_ids" in batch else None,
         **facts,
     }
@@ -242,6 +239,11 @@ def decided(labels):
 def summary(outputs):
     """A task without a decision says what it returned: each output's name and shape."""
     return "; ".join(f"{name} {list(output.shape)}" for name, output in zip(outputs_read(), outputs, strict=True))
+
+
+def repeats(vectors, also, again, also_again):
+    """Whether the second run gave the first one's items, in every output read."""
+    return identical(vectors, again) and all(identical(also[name], also_again[name]) for name in also)
 
 
 def identical(first, second):

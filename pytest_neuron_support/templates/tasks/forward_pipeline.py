@@ -26,12 +26,11 @@ from run import (
     fixed_audio,
     fixed_image,
     forward_texts,
-    identical,
     outputs_read,
     pil_image,
     placement,
-    read_also,
     read_items,
+    repeats,
 )
 
 # isort: split
@@ -100,9 +99,9 @@ def read_calls(torch, calls, texts, tokenizer, model):
             special = special["special_tokens_mask"]
             if special.shape != batch["input_ids"].shape:
                 raise RuntimeError(f"sentence {index}: the pipeline's tokens are not its tokenizer's own")
-        v, found, d, names = read_items(torch, batch, special, outputs[0], model, tokenizer)
-        for name, more in read_also(batch, special, outputs, tokenizer).items():
-            also.setdefault(name, []).extend(more)
+        v, found, d, names, more = read_items(torch, batch, special, outputs, model, tokenizer)
+        for name, vectors_of in more.items():
+            also.setdefault(name, []).extend(vectors_of)
         vectors += v
         items += [[index, *position[1:]] for position in found]
         decisions += d
@@ -179,7 +178,7 @@ def run_task(torch, pipe, model, state):  # replaces forward.py's
         "tokens": [],
         "text": decided(labels) if labels else pipeline_answers(said),
         "pipeline_text": pipeline_answers(said),
-        "repeat_identical": identical(vectors, again) and all(identical(also[k], also_again[k]) for k in also),
+        "repeat_identical": repeats(vectors, also, again, also_again),
         **facts,
         **placed,
     }
