@@ -155,6 +155,33 @@ def test_a_reading_with_items_run_py_cannot_read_is_refused() -> None:
         Reading("logits", "boxes")
 
 
+def test_a_reading_judged_per_input_joins_each_inputs_items_and_still_fails_a_fault() -> None:
+    # Two inputs of three frames each. Frame 1 of input 0: its own dtype noise happens to be tiny and the device's
+    # rounding ordinary, a ratio of 10 on its own; across the whole input, device and noise are alike.
+    per_item = ForwardTask("frames", "AutoModelForCTC", None, Reading("logits", "positions", inputs="audio"))
+    per_input = ForwardTask(
+        "frames", "AutoModelForCTC", None, Reading("logits", "positions", inputs="audio", numbers_per="input")
+    )
+    f32 = [[4.0, 1.0], [3.0, 2.0], [1.0, 5.0]] * 2
+    noise = [[4.02, 1.0], [3.0, 2.0005], [1.0, 5.02]] * 2
+    device = [[4.0, 1.0], [3.0, 2.02], [1.0, 5.0], [4.02, 1.0], [3.0, 2.0], [1.0, 4.98]]
+    items = [[i, frame] for i in range(2) for frame in range(3)]
+    cpu = {"outputs": f32, "noise_outputs": noise, "items": items}
+    frame_by_frame = per_item.compare_outputs({"outputs": device, "items": items}, cpu)
+    assert not frame_by_frame.match and len(frame_by_frame.comparisons) == 6
+    joined = per_input.compare_outputs({"outputs": device, "items": items}, cpu)
+    assert joined.match and [c.label for c in joined.comparisons] == ["logits[0]", "logits[1]"]
+    # A fault in one frame of input 1 is still far outside the whole input's noise, and names the input.
+    faulty = [*device[:4], [2.0, 3.0], device[5]]
+    checked = per_input.compare_outputs({"outputs": faulty, "items": items}, cpu)
+    assert not checked.match and checked.first_bad is not None and checked.first_bad.label == "logits[1]"
+    # Items the device did not read alike cannot be joined alike: never a PASS.
+    short = per_input.compare_outputs({"outputs": device[:5], "items": items[:5]}, cpu)
+    assert not short.match
+    with pytest.raises(ValueError, match=r"Reading\.numbers_per = .frame.: item or input"):
+        Reading("logits", "positions", numbers_per="frame")
+
+
 def test_a_numbers_only_verdict_is_the_calibrated_tolerance_alone() -> None:
     f32 = [[1.0, 2.0, 3.0]]
     noise = [[1.001, 2.002, 2.997]]

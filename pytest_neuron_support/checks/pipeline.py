@@ -84,7 +84,9 @@ class PipelineCheck(InferenceCheck):
         spec = task.run_spec(
             job.model, job.settings, device=job.settings.device, reference=False, post_load=post_load, plan=None
         )
+        # The pipeline's task is the row's Hub pipeline tag (a CTC row's is automatic-speech-recognition).
         options = {**spec.task_options, "pipeline": placement_arguments(job.settings.device.device_map)}
+        options["pipeline_task"] = task.pipeline_tag
         return replace(spec, fragments=task.pipeline_fragments, task_options=options)
 
     def with_result(self, job: Job, row: Row, result: Mapping[str, Any]) -> Row:

@@ -17,7 +17,7 @@ the device run, sharded or not: the outputs are what the verdict compares.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, ClassVar
@@ -114,6 +114,12 @@ class Reading:
             every label's hypothesis beside each image, whose item is its score per label (its decision: the
             label).
         hypothesis_template: the hypothesis each candidate label is written into.
+        numbers_per: what the calibrated tolerance judges as one comparison: ``item`` (each item's vector), or
+            ``input`` (every item of one input, its vectors joined: a CTC recogniser's frames). Where an input has
+            many items of a few scores each, one item's dtype noise is a small sample and the largest of a hundred
+            ratios of two such samples reaches the rule's multiple on a healthy run (a tiny wav2vec2's 148 frames
+            of 32 characters: every input's ratio 1.0, one frame's 3.2); an input's whole output is the sample
+            the rule is calibrated on (a sentence's embedding), and each item's decision is still checked.
     """
 
     output: str
@@ -126,10 +132,13 @@ class Reading:
     pipeline_keywords: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}), hash=False)
     candidate_labels: tuple[str, ...] = ()
     hypothesis_template: str = HYPOTHESIS_TEMPLATE
+    numbers_per: str = "item"
 
     def __post_init__(self) -> None:
         if self.items not in ITEMS:
             raise ValueError(f"Reading.items = {self.items!r}: one of {', '.join(ITEMS)}")
+        if self.numbers_per not in ("item", "input"):
+            raise ValueError(f"Reading.numbers_per = {self.numbers_per!r}: item or input")
 
     @property
     def outputs(self) -> tuple[str, ...]:
@@ -148,8 +157,10 @@ class ForwardTask(Task):
     pipeline: ClassVar[bool] = True
     trainable: ClassVar[bool] = False  # train.py trains causal language modelling only
 
-    def __init__(self, name: str, auto_class: str, registry: str | None, reading: Reading) -> None:
-        super().__init__(name)
+    def __init__(
+        self, name: str, auto_class: str, registry: str | None, reading: Reading, pipeline_tag: str | None = None
+    ) -> None:
+        super().__init__(name, pipeline_tag)
         self.auto_class = auto_class
         # None: the task's architectures are another row's registry's (a zero-shot classifier is a sequence
         # classifier trained on NLI), which coverage reads there.
@@ -255,12 +266,27 @@ class ForwardTask(Task):
         device = {self.reading.output: result.get("outputs") or (), **(result.get("also_outputs") or {})}
         float32 = {self.reading.output: cpu.get("outputs") or (), **(cpu.get("also_outputs") or {})}
         noise = {self.reading.output: cpu.get("noise_outputs") or (), **(cpu.get("noise_also_outputs") or {})}
+        if self.reading.numbers_per == "input":
+            device = {name: per_input(v, result.get("items") or ()) for name, v in device.items()}
+            float32 = {name: per_input(v, cpu.get("items") or ()) for name, v in float32.items()}
+            noise = {name: per_input(v, cpu.get("items") or ()) for name, v in noise.items()}
         checks = [
             calibrated_outputs(name, device.get(name) or (), float32.get(name) or (), noise.get(name) or ())
             for name in self.reading.outputs
         ]
         problems = [c.problem for c in checks if c.problem is not None]
         return Calibrated(tuple(c for check in checks for c in check.comparisons), "; ".join(problems) or None)
+
+
+def per_input(vectors: Sequence[Sequence[float]], items: Sequence[Sequence[int]]) -> list[list[float]]:
+    """Each input's item vectors joined into one, in input order (an item's first index is its input's). Vectors
+    and items that do not pair are returned as they are: the comparison then names the count that differs."""
+    if len(vectors) != len(items):
+        return [list(v) for v in vectors]
+    joined: dict[int, list[float]] = {}
+    for vector, item in zip(vectors, items, strict=True):
+        joined.setdefault(int(item[0]), []).extend(vector)
+    return [joined[index] for index in sorted(joined)]
 
 
 def decision_fields(decisions: Decisions | None) -> dict[str, Any]:

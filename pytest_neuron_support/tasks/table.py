@@ -137,9 +137,10 @@ TASKS: Mapping[str, Task] = MappingProxyType(
     }
 )
 
-#: Tasks whose Hub rankings the viewer shows (Trending and Downloads): every task with a row, so a user sees,
-#: for each task the suite can check, the Hub's leading models beside what was checked.
-RANKED_TASKS: tuple[str, ...] = tuple(TASKS)
+#: Tasks whose Hub rankings the viewer shows (Trending and Downloads): the pipeline tag of every row, once (the
+#: Hub ranks Whisper and wav2vec2 under one tag), so a user sees, for each task the suite can check, the Hub's
+#: leading models beside what was checked.
+RANKED_TASKS: tuple[str, ...] = tuple(dict.fromkeys(task.pipeline_tag for task in TASKS.values()))
 
 
 def task_of(name: str) -> Task:

@@ -39,7 +39,10 @@ class Task:
     """One task the suite runs (the default row: text generation with a causal LM).
 
     Attributes:
-        name: the catalog's ``task:`` value, the Hub's pipeline tag.
+        name: the catalog's ``task:`` value: the Hub's pipeline tag, or for a second row of one pipeline tag
+            (a CTC speech recogniser beside Whisper's), that tag with the row's own suffix.
+        pipeline_tag: the Hub's pipeline tag and ``transformers.pipeline``'s task for it (its name unless a row
+            says otherwise): what the Hub views rank and the pipeline check asks ``transformers.pipeline`` for.
         library: the library run.py loads it with.
         auto_class: the Auto class of that library run.py loads the model with.
         inputs: how run.py feeds it (its ``SPEC["inputs"]``): ``text`` (the prompt), ``vision`` (the
@@ -79,8 +82,9 @@ class Task:
         "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",
     )
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, pipeline_tag: str | None = None) -> None:
         self.name = name
+        self.pipeline_tag = pipeline_tag or name
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name}>"

@@ -106,6 +106,16 @@ def _items(torch: Any, items: str, logits: Any, labels: Any) -> list[list[float]
     return [scores[tuple(at)].tolist() for at in (labels != -100).nonzero().tolist()]
 
 
+def _vocab_tokenizer(vocab: dict[str, Any], out_dir: Path) -> Any:
+    """A tokenizer over the row's vocabulary (``vocab``: its class, its tokens in id order, its special tokens),
+    as a CTC checkpoint ships one: ``vocab.json`` beside its ``tokenizer_config.json``."""
+    transformers: Any = importlib.import_module("transformers")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "vocab.json"
+    path.write_text(json.dumps({t: i for i, t in enumerate(vocab["tokens"])}) + "\n", encoding="utf-8")
+    return getattr(transformers, vocab["class"])(str(path), **vocab["special"])
+
+
 def _preprocessor(spec: dict[str, Any], loader: str, tokenizer_dir: Path, out_dir: Path) -> Any:
     """The checkpoint's preprocessor, saved into ``out_dir`` as a Hub repo ships it, loaded back with run.py's
     class (``loader``)."""
@@ -116,9 +126,13 @@ def _preprocessor(spec: dict[str, Any], loader: str, tokenizer_dir: Path, out_di
     made = getattr(transformers, fields.pop("class"))(**fields)
     processor = spec.get("processor")
     if processor:
-        # An image processor and the zoo's tokenizer in one processor (a CLIP-style model takes both).
+        # An image processor or a feature extractor and a tokenizer in one processor (a CLIP-style model takes
+        # both; a CTC recogniser's pipeline decodes its frames with the tokenizer): the row's own vocabulary
+        # where it has one (a CTC head's characters), else the zoo's tokenizer.
+        tokenizer = _vocab_tokenizer(spec["vocab"], out_dir) if "vocab" in spec else None
+        kind = "feature_extractor" if isinstance(made, transformers.SequenceFeatureExtractor) else "image_processor"
         made = getattr(transformers, processor)(
-            image_processor=made, tokenizer=_forward_tokenizer(tokenizer_dir, out_dir)
+            **{kind: made}, tokenizer=tokenizer or _forward_tokenizer(tokenizer_dir, out_dir)
         )
     made.save_pretrained(out_dir)
     return getattr(transformers, loader).from_pretrained(str(out_dir))
@@ -136,6 +150,7 @@ def _build_forward(name: str, tokenizer_dir: Path, fingerprint: str, out_dir: Pa
     transformers: Any = importlib.import_module("transformers")
     task: Any = task_of(_FORWARD_SPECS[name]["task"])
     spec = {**_FORWARD_SPECS[name], "read": task.reading.items, "fingerprint": fingerprint}
+    spec["pipeline_tag"] = task.pipeline_tag
     torch.manual_seed(int(_FORWARD_TRAIN["seed"]))
     preprocessor = _preprocessor(spec, task.reading.preprocessor or "AutoTokenizer", tokenizer_dir, out_dir)
     config_fields = dict(spec["config"])
@@ -215,7 +230,7 @@ def _build_forward(name: str, tokenizer_dir: Path, fingerprint: str, out_dir: Pa
 def _model_card(out_dir: Path, spec: dict[str, Any], config_fields: dict[str, Any], how: str) -> None:
     fingerprint = spec["fingerprint"]
     (out_dir / "README.md").write_text(
-        f"---\nlibrary_name: transformers\npipeline_tag: {spec['task']}\n---\n"
+        f"---\nlibrary_name: transformers\npipeline_tag: {spec['pipeline_tag']}\n---\n"
         f"# A tiny {config_fields['model_type']} for {spec['task']}\n\nBuilt offline by pytest-neuron-support's "
         f"tiny zoo from {spec['source']}'s config with the sizes shrunk, {how}.\n\n"
         f"tiny_zoo_fingerprint: {fingerprint}\n",

@@ -825,6 +825,41 @@ _WHISPER_SPEC: dict[str, Any] = {
 _BERT_DROPOUT = {"attention_probs_dropout_prob": 0.1, "hidden_dropout_prob": 0.1, "initializer_range": 0.02}
 #: The ImageNet normalisation most image processors of the checkpoints below ship with.
 _IMAGENET_NORMALIZE = {"do_normalize": True, "image_mean": [0.485, 0.456, 0.406], "image_std": [0.229, 0.224, 0.225]}
+#: wav2vec2-base's feature extractor and its config with the sizes shrunk: the audio rows' common part.
+_WAV2VEC2_FEATURES = {
+    "class": "Wav2Vec2FeatureExtractor",
+    "feature_size": 1,
+    "sampling_rate": 16000,
+    "padding_value": 0.0,
+    "do_normalize": True,
+    "return_attention_mask": False,
+}
+_WAV2VEC2_BASE = {
+    "model_type": "wav2vec2",
+    "activation_dropout": 0.0,
+    "apply_spec_augment": False,
+    "attention_dropout": 0.0,
+    "conv_bias": False,
+    "conv_dim": [32] * 7,
+    "conv_kernel": [10, 3, 3, 3, 3, 2, 2],
+    "conv_stride": [5, 2, 2, 2, 2, 2, 2],
+    "do_stable_layer_norm": False,
+    "feat_extract_activation": "gelu",
+    "feat_extract_norm": "group",
+    "feat_proj_dropout": 0.0,
+    "final_dropout": 0.0,
+    "hidden_act": "gelu",
+    "hidden_dropout": 0.0,
+    "hidden_size": _HIDDEN,
+    "intermediate_size": _INTER,
+    "layer_norm_eps": 1e-05,
+    "layerdrop": 0.0,
+    "num_attention_heads": _HEADS,
+    "num_conv_pos_embedding_groups": 4,
+    "num_conv_pos_embeddings": 16,
+    "num_feat_extract_layers": 7,
+    "num_hidden_layers": _LAYERS,
+}
 _FORWARD_SPECS: dict[str, dict[str, Any]] = {
     "distilbert-sst2": {
         "task": "text-classification",
@@ -961,47 +996,17 @@ _FORWARD_SPECS: dict[str, dict[str, Any]] = {
         "source": "superb/wav2vec2-base-superb-ks",
         "auto_class": "Wav2Vec2ForSequenceClassification",
         "labels": [0, 1],  # the waveform, the same samples reversed
-        "preprocessor": {
-            "class": "Wav2Vec2FeatureExtractor",
-            "feature_size": 1,
-            "sampling_rate": 16000,
-            "padding_value": 0.0,
-            "do_normalize": True,
-            "return_attention_mask": False,
-        },
+        "preprocessor": _WAV2VEC2_FEATURES,
         "config": {
+            **_WAV2VEC2_BASE,
             "architectures": ["Wav2Vec2ForSequenceClassification"],
-            "model_type": "wav2vec2",
-            "activation_dropout": 0.0,
-            "apply_spec_augment": False,
-            "attention_dropout": 0.0,
             "classifier_proj_size": 32,
-            "conv_bias": False,
-            "conv_dim": [32] * 7,
-            "conv_kernel": [10, 3, 3, 3, 3, 2, 2],
-            "conv_stride": [5, 2, 2, 2, 2, 2, 2],
-            "do_stable_layer_norm": False,
-            "feat_extract_activation": "gelu",
-            "feat_extract_norm": "group",
-            "feat_proj_dropout": 0.0,
-            "final_dropout": 0.0,
-            "hidden_act": "gelu",
-            "hidden_dropout": 0.0,
-            "hidden_size": _HIDDEN,
             "id2label": {
                 str(i): label
                 for i, label in enumerate(
                     ["yes", "no", "up", "down", "left", "right", "on", "off", "stop", "go", "_silence_", "_unknown_"]
                 )
             },
-            "intermediate_size": _INTER,
-            "layer_norm_eps": 1e-05,
-            "layerdrop": 0.0,
-            "num_attention_heads": _HEADS,
-            "num_conv_pos_embedding_groups": 4,
-            "num_conv_pos_embeddings": 16,
-            "num_feat_extract_layers": 7,
-            "num_hidden_layers": _LAYERS,
             "use_weighted_layer_sum": True,
         },
     },

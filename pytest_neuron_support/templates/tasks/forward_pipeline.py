@@ -111,11 +111,15 @@ def read_calls(torch, calls, texts, tokenizer, model):
 
 def pipeline_answers(said):
     """What the pipeline itself answered, one line per input (its top label, its tags, its word, a zero-shot
-    classifier's best label, every detection's or segment's label; a depth map's or the features' size)."""
+    classifier's best label, every detection's or segment's label, a transcription; a depth map's or the
+    features' size)."""
     lines = []
     for answer in said:
         if isinstance(answer, dict) and "labels" in answer:
             lines.append(str(answer["labels"][0]))  # a zero-shot classifier's best candidate label
+            continue
+        if isinstance(answer, dict) and "text" in answer:
+            lines.append(repr(answer["text"]))  # a CTC recogniser's transcription, quoted: it may be blank
             continue
         if isinstance(answer, dict) and "predicted_depth" in answer:
             lines.append(f"depth {list(answer['predicted_depth'].shape)}")
@@ -150,8 +154,10 @@ def run_task(torch, pipe, model, state):  # replaces forward.py's
 
     def call():
         start = len(watch.calls)
+        # A fresh dict per call: the speech recognition pipeline pops a waveform dict's "raw" and "sampling_rate".
+        given = [dict(one) if isinstance(one, dict) else one for one in inputs]
         with torch.no_grad():
-            said = pipe(inputs, **keywords)
+            said = pipe(given, **keywords)
         runs.append(watch.calls[start:])
         return said
 

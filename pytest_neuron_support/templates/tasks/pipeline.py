@@ -2,7 +2,9 @@
 ``transformers.pipeline(<task>, model=<id>, device=<device>)``, the way the Transformers guide's second
 recipe puts a model on the device, instead of ``from_pretrained(device_map=<device>)``.
 
-The pipeline's placement arguments are SPEC["task_options"]["pipeline"] (``{"device": "neuron"}``), so the
+The pipeline's task is SPEC["task_options"]["pipeline_task"] (the row's Hub pipeline tag: a CTC speech
+recogniser's row asks for ``automatic-speech-recognition``, as Whisper's does). Its placement arguments are
+SPEC["task_options"]["pipeline"] (``{"device": "neuron"}``), so the
 file says how the pipeline was asked. Where the model then sits (every parameter's and buffer's device type,
 and the pipeline's own ``device``) is read by pipeline_call.py's ``run_task`` right before the run, after
 the session's post-load hook, so it is where the model is when it runs. A pipeline that left the model
@@ -39,7 +41,7 @@ def load(torch, facts):
     if SPEC["distributed_configs"]:
         raise NotImplementedError("a pipeline runs in one process on one device: the planner gives it a single core")
     pipe = transformers.pipeline(
-        SPEC["task"],
+        SPEC["task_options"]["pipeline_task"],
         model=SPEC["model"],
         revision=SPEC["revision"],
         trust_remote_code=SPEC["trust_remote_code"],
