@@ -342,6 +342,7 @@ def test_every_task_of_the_installed_pipeline_is_covered_excluded_or_missing() -
         "fill-mask",
         "image-classification",
         "audio-classification",
+        "automatic-speech-recognition-ctc",
         "zero-shot-image-classification",
         "image-feature-extraction",
         "depth-estimation",
@@ -379,3 +380,22 @@ def test_a_pipeline_task_left_out_says_why_and_a_stale_or_contradicting_one_fail
     assert "  excluded decision: needs an environment to act in" in done.stdout
     assert "  stale    no-such-task: excluded under coverage: pipeline-tasks" in done.stdout
     assert "  both     text-generation: excluded under coverage: pipeline-tasks" in done.stdout
+
+
+def test_a_row_sharing_a_hub_pipeline_tag_covers_that_tag_and_is_ranked_once(tmp_path: Path) -> None:
+    # The CTC row's entries are speech recognition for the Hub and for transformers.pipeline: a catalog with a
+    # CTC recogniser alone covers automatic-speech-recognition, and the Hub views rank that tag once.
+    from pytest_neuron_support.catalog.coverage import pipeline_coverage
+    from pytest_neuron_support.tasks.table import RANKED_TASKS, task_of
+
+    assert task_of("automatic-speech-recognition-ctc").pipeline_tag == "automatic-speech-recognition"
+    assert RANKED_TASKS.count("automatic-speech-recognition") == 1
+    assert "automatic-speech-recognition-ctc" not in RANKED_TASKS
+    ctc = "models:\n  - {id: org/w2v, task: automatic-speech-recognition-ctc, tags: [wav2vec2]}\n"
+    (tmp_path / "m.yaml").write_text(ctc)
+    by_name = {task.name: task for task in pipeline_coverage(load_catalog(tmp_path / "m.yaml")).tasks}
+    assert (by_name["automatic-speech-recognition"].status, by_name["automatic-speech-recognition"].said) == (
+        COVERED,
+        "org/w2v",
+    )
+    assert by_name["audio-classification"].status == MISSING

@@ -243,6 +243,7 @@ MODELS = {
     "fill-mask": "tiny-random/roberta",
     "image-classification": "tiny-random/vit",
     "audio-classification": "tiny-random/wav2vec2-ks",
+    "automatic-speech-recognition-ctc": "tiny-random/wav2vec2-ctc",
     "zero-shot-image-classification": "tiny-random/clip",
     "image-feature-extraction": "tiny-random/dinov2",
     "depth-estimation": "tiny-random/depth-anything",
@@ -264,6 +265,7 @@ HEADS = {
     "roberta": ("model.get_output_embeddings()", ROLL),
     "vit": ("model.classifier", ROLL),
     "wav2vec2-ks": ("model.classifier", ROLL),
+    "wav2vec2-ctc": ("model.lm_head", ROLL),
     # CLIP's candidate labels' text embeddings rolled by one label: each image scored against its neighbour's.
     "clip": ("model.text_projection", "out.roll(1, dims=0)"),
     "dinov2": ("model.layernorm", "out.flip(-1)"),
@@ -319,10 +321,14 @@ def test_each_forward_task_passes_and_a_fault_in_its_head_fails_naming_the_outpu
         assert (healthy.result, healthy.task, healthy.verdict_basis) == ("PASS", task, "forward-calibrated")
         assert healthy.reference_match and healthy.reference_dtype == "float32" and healthy["dtype"] == "bfloat16"
         assert healthy.evidence_stage in reading.outputs and 0 < healthy.noise_ratio <= MULTIPLE
-        # Every output is compared item by item (a detector's boxes beside its scores).
+        # Every output is compared item by item (a detector's boxes beside its scores), or input by input (a CTC
+        # recogniser's frames of each waveform joined).
         assert {stage.split("[")[0] for stage in healthy.numeric_stages} == set(reading.outputs)
         items = len(healthy.numeric_stages) // len(reading.outputs)
-        if reading.decides:
+        if reading.numbers_per == "input":
+            # The waveform and its reverse, 74 frames each.
+            assert items == 2 and healthy.positions_checked == 148 and healthy.positions_disagreeing == 0
+        elif reading.decides:
             assert healthy.positions_checked == items > 0 and healthy.positions_disagreeing == 0
         else:
             assert pd.isna(healthy.positions_checked) and items == 2  # the test card and its mirror image
@@ -435,7 +441,10 @@ def test_each_forward_task_passes_through_its_pipeline_and_the_pipeline_answers_
         assert list(row.model_devices) == ["cpu"] and row.pipeline_class.endswith("Pipeline")
         items = len(row.numeric_stages) // len(reading.outputs)
         assert items > 0 and row.noise_ratio <= MULTIPLE
-        assert row.positions_checked == items if reading.decides else pd.isna(row.positions_checked)
+        if reading.numbers_per == "input":
+            assert items == 2 and row.positions_checked == 148  # two waveforms, 74 frames each
+        else:
+            assert row.positions_checked == items if reading.decides else pd.isna(row.positions_checked)
         assert "pipe.model = torch.compile(pipe.model" in row.runscript and row.graphs_compiled >= 1
         # The warm second call compiles nothing new.
         assert row.recompiles == 0
@@ -443,12 +452,17 @@ def test_each_forward_task_passes_through_its_pipeline_and_the_pipeline_answers_
             # Its pipeline pads nothing: each sentence (or sentence and hypothesis) length compiled a graph of its
             # own, and the row says so.
             assert row.graphs_compiled > 1 and row.excess_graphs == row.graphs_compiled - 1
-        elif task not in ("audio-classification", "image-segmentation"):
+        elif task not in ("audio-classification", "automatic-speech-recognition-ctc", "image-segmentation"):
             # wav2vec2's and SegFormer's forwards break into two graphs (docs/tasks.md).
             assert row.graphs_compiled == 1 and row.excess_graphs == 0
         # The pipeline's own answer is the decision the device made, item by item.
         if task in ("text-classification", "image-classification", "audio-classification"):
             assert row.pipeline_text == row.text, (row.pipeline_text, row.text)
+        elif task == "automatic-speech-recognition-ctc":
+            # Its pipeline's answer is the transcription CTC decoding makes of the device's frames (repeats merged,
+            # blanks dropped): the characters the tiny model was trained to say, frame by frame, in turn.
+            assert row.pipeline_text.startswith(repr("<s></s><unk> ETAONIHSRDLUMWCFGYPBVK'XJQZ"))
+            assert row.pipeline_class == "AutomaticSpeechRecognitionPipeline"
         elif task == "zero-shot-image-classification":
             # The pipeline's best label for each image is the device's decision, named as the candidate label.
             assert row.pipeline_text == row.text == "a test card; a mirrored test card", row.text

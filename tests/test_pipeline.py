@@ -126,6 +126,7 @@ def test_the_pipeline_check_applies_to_the_tasks_users_run_pipelines_for_on_one_
         "fill-mask",
         "image-classification",
         "audio-classification",
+        "automatic-speech-recognition-ctc",
         "zero-shot-image-classification",
         "image-feature-extraction",
         "depth-estimation",

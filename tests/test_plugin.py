@@ -108,15 +108,17 @@ def test_repository_root_runs_the_catalog_and_tests_apart(tmp_path: Path, offlin
         return done.stdout
 
     sweep = collect(".", "--device=cpu", "--models-file=models-tiny.yaml", f"--results-dir={tmp_path / 'out'}")
-    assert "suite: the catalog models-tiny.yaml (26 models)" in sweep, sweep
+    assert "suite: the catalog models-tiny.yaml (27 models)" in sweep, sweep
     items = [line.strip() for line in sweep.splitlines() if line.strip().startswith("<Function ")]
-    # One item per model, and one per Pipeline check (the text classifier's, the depth model's).
-    assert len(items) == 28 and all(
+    # One item per model, and one per Pipeline check (the text classifier's, the CTC recogniser's, the depth
+    # model's).
+    assert len(items) == 30 and all(
         line.startswith(("<Function test_model[", "<Function test_pipeline[")) for line in items
     )
     assert sorted(line for line in items if "test_pipeline[" in line) == [
         "<Function test_pipeline[tiny-random/depth-anything]>",
         "<Function test_pipeline[tiny-random/distilbert-sst2]>",
+        "<Function test_pipeline[tiny-random/wav2vec2-ctc]>",
     ]
     # Largest expected work first (cores x seconds): the 4-core olmo2, then the pipeline, whose task's prior
     # is three text runs (a text model's prior would start it seventh, to finish alone at the end).

@@ -40,17 +40,21 @@ def test_tiny_zoo_sweep_passes_every_architecture_with_four_workers_over_four_co
         "--model-timeout=900",
     )
     assert result.ret == 0, session_rows(pytester.path / "out", failed_only=True)
-    # One item per model, and one per Pipeline check: the text classifier's passes; the depth model's is the
-    # depth pipeline's known bfloat16 failure, held as its expectation (an XFAIL).
-    result.assert_outcomes(passed=len(ids) + 1, xfailed=1)
+    # One item per model, and one per Pipeline check: the text classifier's and the CTC recogniser's pass; the
+    # depth model's is the depth pipeline's known bfloat16 failure, held as its expectation (an XFAIL).
+    result.assert_outcomes(passed=len(ids) + 2, xfailed=1)
     result.stdout.fnmatch_lines(
-        ["*neuron-support results*", f"1 ERROR, {len(ids) + 1} PASS", "Parquet: *out/data/*.parquet"]
+        ["*neuron-support results*", f"1 ERROR, {len(ids) + 2} PASS", "Parquet: *out/data/*.parquet"]
     )
 
     every = pd.read_parquet(pytester.path / "out" / "data")
     assert overlapping_leases(every) == []  # the Pipeline checks' leases too
     pipelines = every[every.check == "pipeline"].set_index("model_id")
-    assert sorted(pipelines.index) == ["tiny-random/depth-anything", "tiny-random/distilbert-sst2"]
+    assert sorted(pipelines.index) == [
+        "tiny-random/depth-anything",
+        "tiny-random/distilbert-sst2",
+        "tiny-random/wav2vec2-ctc",
+    ]
     classifier, depth = pipelines.loc["tiny-random/distilbert-sst2"], pipelines.loc["tiny-random/depth-anything"]
     assert (classifier.result, classifier.verdict_basis, classifier.pipeline_text) == (
         "PASS",
@@ -58,6 +62,13 @@ def test_tiny_zoo_sweep_passes_every_architecture_with_four_workers_over_four_co
         classifier.text,
     )
     assert (depth.result, depth.expectation) == ("ERROR", "met") and "ScalarType BFloat16" in depth.error
+    # The CTC recogniser's pipeline (transformers' automatic-speech-recognition, the row's Hub pipeline tag).
+    speech = pipelines.loc["tiny-random/wav2vec2-ctc"]
+    assert (speech.result, speech.task, speech.pipeline_class) == (
+        "PASS",
+        "automatic-speech-recognition-ctc",
+        "AutomaticSpeechRecognitionPipeline",
+    )
     df = every[every.check == "inference"]
     assert sorted(df.model_id) == sorted(ids)  # one row per item
     assert set(df.result) == {"PASS"}
@@ -149,6 +160,7 @@ def test_tiny_zoo_sweep_passes_every_architecture_with_four_workers_over_four_co
         "fill-mask",
         "image-classification",
         "audio-classification",
+        "automatic-speech-recognition-ctc",
         "zero-shot-image-classification",
         "object-detection",
         "image-segmentation",

@@ -109,15 +109,17 @@ def test_models_tiny_yaml_lists_the_zoo_with_the_zoo_prompt() -> None:
         ("fill-mask", "roberta", {"id", "task", "tags"}),
         ("image-classification", "vit", {"id", "task", "tags"}),
         ("audio-classification", "wav2vec2", {"id", "task", "tags"}),
+        ("automatic-speech-recognition-ctc", "wav2vec2", {"id", "task", "tags", "checks"}),
         ("zero-shot-image-classification", "clip", {"id", "task", "tags"}),
         ("image-feature-extraction", "dinov2", {"id", "task", "tags"}),
         ("depth-estimation", "depth_anything", {"id", "task", "tags", "checks", "expect"}),
         ("object-detection", "yolos", {"id", "task", "tags"}),
         ("image-segmentation", "segformer", {"id", "task", "tags"}),
     ]
-    # The main job's Pipeline checks: a forward task's, and the depth pipeline's known bfloat16 failure.
-    assert forward[0]["checks"] == forward[8]["checks"] == ["inference", "pipeline"]
-    assert forward[8]["expect"]["check"] == "pipeline"
+    # The main job's Pipeline checks: a text and an audio forward task's, and the depth pipeline's known bfloat16
+    # failure.
+    assert forward[0]["checks"] == forward[6]["checks"] == forward[9]["checks"] == ["inference", "pipeline"]
+    assert forward[9]["expect"]["check"] == "pipeline" and "expect" not in forward[6]
     speech, image = entries.pop(), entries.pop()
     assert speech == {
         "id": zoo.WHISPER_REPO,

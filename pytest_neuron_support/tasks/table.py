@@ -86,6 +86,16 @@ TASKS: Mapping[str, Task] = MappingProxyType(
                     pipeline_keywords=TOP_LABEL,
                 ),
             ),
+            # A CTC speech recogniser (wav2vec2-style): each audio frame's character, beside Whisper's row.
+            ForwardTask(
+                "automatic-speech-recognition-ctc",
+                "AutoModelForCTC",
+                "MODEL_FOR_CTC_MAPPING_NAMES",
+                Reading(
+                    "logits", "positions", inputs="audio", preprocessor="AutoFeatureExtractor", numbers_per="input"
+                ),
+                pipeline_tag="automatic-speech-recognition",
+            ),
             ForwardTask(
                 "zero-shot-classification",
                 "AutoModelForSequenceClassification",

@@ -834,6 +834,8 @@ _WAV2VEC2_FEATURES = {
     "do_normalize": True,
     "return_attention_mask": False,
 }
+#: wav2vec2-base-960h's vocabulary in id order: its CTC blank (``<pad>``), specials, word delimiter, characters.
+_CTC_CHARACTERS = ("<pad>", "<s>", "</s>", "<unk>", "|", *"ETAONIHSRDLUMWCFGYPBVK'XJQZ")
 _WAV2VEC2_BASE = {
     "model_type": "wav2vec2",
     "activation_dropout": 0.0,
@@ -1008,6 +1010,27 @@ _FORWARD_SPECS: dict[str, dict[str, Any]] = {
                 )
             },
             "use_weighted_layer_sum": True,
+        },
+    },
+    "wav2vec2-ctc": {
+        "task": "automatic-speech-recognition-ctc",
+        "source": "facebook/wav2vec2-base-960h",
+        "auto_class": "Wav2Vec2ForCTC",
+        "processor": "Wav2Vec2Processor",
+        "preprocessor": _WAV2VEC2_FEATURES,
+        # wav2vec2-base-960h's characters, the pad token its CTC blank; each frame's character is labelled.
+        "vocab": {
+            "class": "Wav2Vec2CTCTokenizer",
+            "tokens": list(_CTC_CHARACTERS),
+            "special": {"pad_token": "<pad>", "unk_token": "<unk>", "word_delimiter_token": "|"},
+        },
+        "config": {
+            **_WAV2VEC2_BASE,
+            "architectures": ["Wav2Vec2ForCTC"],
+            "ctc_loss_reduction": "sum",
+            "pad_token_id": 0,
+            "vocab_size": 32,
+            "id2label": {str(i): token for i, token in enumerate(_CTC_CHARACTERS)},
         },
     },
     "clip": {
