@@ -19,8 +19,10 @@ def _zoo_build(args: argparse.Namespace) -> int:
     from pytest_neuron_support import zoo
 
     names = args.only or None
-    # The causal LMs by architecture, the text-to-image pipeline and the Whisper by their repos' names.
-    known = {a.name for a in zoo.ARCHS} | {repo.split("/")[1] for repo in (zoo.PIPELINE_REPO, zoo.WHISPER_REPO)}
+    # The causal LMs by architecture; the text-to-image pipeline, the Whisper, the T5 and the forward tasks' models
+    # by their repos' names.
+    others = (zoo.PIPELINE_REPO, zoo.WHISPER_REPO, zoo.SEQ2SEQ_REPO, *zoo.FORWARD_REPOS.values())
+    known = {a.name for a in zoo.ARCHS} | {repo.split("/")[1] for repo in others}
     unknown = sorted(set(names or ()) - known)
     if unknown:
         print(

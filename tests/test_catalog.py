@@ -43,6 +43,7 @@ def test_tiny_catalog_lists_the_zoo() -> None:
     assert tasks[zoo.MINILM_REPO] == "sentence-similarity"
     assert tasks[zoo.PIPELINE_REPO] == "text-to-image"
     assert tasks[zoo.WHISPER_REPO] == "automatic-speech-recognition"
+    assert tasks[zoo.SEQ2SEQ_REPO] == "text2text-generation"
 
 
 def test_entry_fields_parse_into_a_frozen_spec() -> None:

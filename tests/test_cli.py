@@ -394,8 +394,10 @@ def test_runscript_of_a_model_with_two_tests_lists_them_and_test_chooses(tmp_pat
 def test_zoo_build_only_takes_the_zoo_s_names_and_builds_just_those(tmp_path: Path) -> None:
     wrong = cli("zoo", "build", "--cache-dir", str(tmp_path), "--only", "whisperr")
     assert wrong.returncode == 2 and "unknown architecture(s) whisperr" in wrong.stderr
-    # The choices name every causal LM, the text-to-image pipeline and the Whisper.
-    assert wrong.stderr.rstrip().endswith("smollm3, stable-diffusion, whisper"), wrong.stderr
+    # The choices name every causal LM, the text-to-image pipeline, the Whisper, the T5 and each forward model.
+    choices = wrong.stderr.rstrip().split("choose from ")[1].split(", ")
+    assert choices == sorted(choices) and choices[-1] == "yolos", wrong.stderr
+    assert {"smollm3", "stable-diffusion", "whisper", "t5", "wav2vec2-ctc", "distilbert-sst2"} <= set(choices)
     built = cli("zoo", "build", "--cache-dir", str(tmp_path), "--only", "whisper")
     assert built.returncode == 0, built.stderr
     assert "tiny zoo (1 checkpoints) installed" in built.stdout

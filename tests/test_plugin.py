@@ -108,11 +108,11 @@ def test_repository_root_runs_the_catalog_and_tests_apart(tmp_path: Path, offlin
         return done.stdout
 
     sweep = collect(".", "--device=cpu", "--models-file=models-tiny.yaml", f"--results-dir={tmp_path / 'out'}")
-    assert "suite: the catalog models-tiny.yaml (27 models)" in sweep, sweep
+    assert "suite: the catalog models-tiny.yaml (28 models)" in sweep, sweep
     items = [line.strip() for line in sweep.splitlines() if line.strip().startswith("<Function ")]
     # One item per model, and one per Pipeline check (the text classifier's, the CTC recogniser's, the depth
     # model's).
-    assert len(items) == 30 and all(
+    assert len(items) == 31 and all(
         line.startswith(("<Function test_model[", "<Function test_pipeline[")) for line in items
     )
     assert sorted(line for line in items if "test_pipeline[" in line) == [

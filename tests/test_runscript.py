@@ -83,6 +83,7 @@ LIBRARIES = {
     # diffusers loads the pipeline's text encoders and tokenizers from transformers without depending on it.
     "text-to-image": ("diffusers", "pillow", "transformers"),
     "automatic-speech-recognition": ("transformers",),
+    "text2text-generation": ("transformers",),
     "text-classification": ("transformers",),
     "zero-shot-classification": ("transformers",),
     "token-classification": ("transformers",),
@@ -128,6 +129,7 @@ def test_every_task_renders_its_loading_path() -> None:
         "sentence-similarity": ("AutoModel", "embedding"),
         "text-to-image": ("DiffusionPipeline", "text-to-image"),
         "automatic-speech-recognition": ("AutoModelForSpeechSeq2Seq", "audio"),
+        "text2text-generation": ("AutoModelForSeq2SeqLM", "text"),
         "text-classification": ("AutoModelForSequenceClassification", "forward"),
         "zero-shot-classification": ("AutoModelForSequenceClassification", "forward"),
         "token-classification": ("AutoModelForTokenClassification", "forward"),

@@ -91,13 +91,14 @@ def test_models_tiny_yaml_lists_the_zoo_with_the_zoo_prompt() -> None:
     assert data["judge"] == {"model": zoo.JUDGE_REPO}  # sharded entries are judged offline
     entries = data["models"]
     # The zoo's causal LMs, the one real trained model installed beside them (an embedding model: no
-    # prompt), then the tiny text-to-image pipeline, the tiny Whisper and the forward tasks' models (they take
-    # no prompt either).
+    # prompt), then the tiny text-to-image pipeline, the tiny Whisper, the tiny T5 (with the zoo prompt) and the
+    # forward tasks' models (they take no prompt).
     assert [e["id"] for e in entries] == [
         *(a.repo_id for a in zoo.ARCHS),
         zoo.MINILM_REPO,
         zoo.PIPELINE_REPO,
         zoo.WHISPER_REPO,
+        zoo.SEQ2SEQ_REPO,
         *zoo.FORWARD_REPOS.values(),
     ]
     # The forward tasks' models: each with its task (no prompt), tagged with its model_type first.
@@ -120,7 +121,13 @@ def test_models_tiny_yaml_lists_the_zoo_with_the_zoo_prompt() -> None:
     # failure.
     assert forward[0]["checks"] == forward[6]["checks"] == forward[9]["checks"] == ["inference", "pipeline"]
     assert forward[9]["expect"]["check"] == "pipeline" and "expect" not in forward[6]
-    speech, image = entries.pop(), entries.pop()
+    text2text, speech, image = entries.pop(), entries.pop(), entries.pop()
+    assert text2text == {
+        "id": zoo.SEQ2SEQ_REPO,
+        "task": "text2text-generation",
+        "tags": ["t5", "seq2seq", "text"],
+        "prompt": zoo.TINY_PROMPT,
+    }
     assert speech == {
         "id": zoo.WHISPER_REPO,
         "task": "automatic-speech-recognition",
@@ -538,6 +545,7 @@ def test_rebuild_is_skipped_when_installed(tiny_zoo_cache: Path) -> None:
         zoo.JUDGE_REPO,
         zoo.PIPELINE_REPO,
         zoo.WHISPER_REPO,
+        zoo.SEQ2SEQ_REPO,
         *zoo.FORWARD_REPOS.values(),
         zoo.MINILM_REPO,
     ]

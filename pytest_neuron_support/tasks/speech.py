@@ -9,25 +9,18 @@ transcript, then the language, task and timestamp tokens, a language it detected
 included) must equal the free-running CPU run's: a different one FAILs at stage ``prompt``
 (``decide.decoder_prompt``), naming both. The decoder's tokens are checked as a text generation's are:
 exact parity with a free-running CPU run (one core) and the teacher-forced CPU check of every token after
-the device run's own decoder prompt.
+the device run's own decoder prompt. It is :mod:`.text2text`'s encoder-decoder generation with audio on the
+encoder side: that module holds the decoder prompt's check.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import replace
-from pathlib import Path
 from typing import Any, ClassVar
 
 from pytest_neuron_support.base.model import ModelSpec
-from pytest_neuron_support.cpu.reference import ReferenceRun
-from pytest_neuron_support.data.records import Row
-from pytest_neuron_support.hub import cached_file
-from pytest_neuron_support.run.context import Job
-from pytest_neuron_support.tasks.generation import TextGeneration
-from pytest_neuron_support.verdict import decide
-from pytest_neuron_support.verdict.decide import Decision
+from pytest_neuron_support.tasks.text2text import Text2TextGeneration
 
 #: The audio every run transcribes: 1.5 s at 16 kHz of three overlapping tones under half-sine envelopes
 #: (frequency, start, end). Speech it is not; what the check compares is what the device and the CPU
@@ -40,8 +33,9 @@ AUDIO: Mapping[str, Any] = {
 }
 
 
-class SpeechRecognition(TextGeneration):
-    """``AutoModelForSpeechSeq2Seq`` and its processor; the waveform of :data:`AUDIO`."""
+class SpeechRecognition(Text2TextGeneration):
+    """``AutoModelForSpeechSeq2Seq`` and its processor; the waveform of :data:`AUDIO` on the encoder side (its
+    decoder prompt and tokens checked as an encoder-decoder's are)."""
 
     auto_class = "AutoModelForSpeechSeq2Seq"
     registry = (
@@ -52,6 +46,8 @@ class SpeechRecognition(TextGeneration):
     code = ("audio.py", "generation.py")
     takes_prompt: ClassVar[bool] = False
     fixed_input: ClassVar[str] = "it transcribes a fixed waveform it synthesises itself"
+    # transformers' automatic-speech-recognition pipeline: the pipeline check applies.
+    pipeline: ClassVar[bool] = True
     # train.py fine-tunes a causal LM on text; a speech model's loss needs audio features.
     trainable: ClassVar[bool] = False
 
@@ -63,34 +59,3 @@ class SpeechRecognition(TextGeneration):
 
     def spec_fields(self, model: ModelSpec, reference: bool) -> dict[str, Any]:
         return {**super().spec_fields(model, reference), "task_options": {"audio": dict(AUDIO)}}
-
-    def decide(self, job: Job, row: Row, result: Mapping[str, Any], reference: ReferenceRun | None) -> Row:
-        """Text generation's verdict, then the decoder prompt against the free-running CPU reference's
-        (one core: a sharded run has none to compare with): a different prompt FAILs at ``prompt``."""
-        row = super().decide(job, row, result, reference)
-        cpu = None if reference is None else reference.result
-        if cpu is None:  # sharded, or the reference failed (the row says so)
-            return row
-        then = Decision(row.result, row.failure_stage, row.verdict_basis or "", row.error)
-        device_prompt, cpu_prompt = result.get("decoder_prompt_ids"), cpu.get("decoder_prompt_ids")
-        decision = decide.decoder_prompt(device_prompt, cpu_prompt, special_tokens(job.model), then)
-        return row if decision is then else replace(row, **decision.fields())
-
-
-def special_tokens(model: ModelSpec) -> dict[int, str]:
-    """The text of the checkpoint's added tokens (Whisper's ``<|en|>``, ``<|transcribe|>``,
-    ``<|notimestamps|>``), from its ``tokenizer.json`` where it is at hand (a local folder, or the Hugging
-    Face cache: never a request), so a prompt's error names them; empty where it is not."""
-    folder = Path(model.id)
-    try:
-        path = (
-            folder / "tokenizer.json"
-            if folder.is_absolute()
-            else cached_file(model.id, "tokenizer.json", revision=model.revision)
-        )
-        if path is None or not path.is_file():
-            return {}
-        added = json.loads(path.read_text(encoding="utf-8")).get("added_tokens") or []
-        return {int(t["id"]): str(t["content"]) for t in added if isinstance(t, dict) and "id" in t}
-    except (OSError, ValueError, TypeError, KeyError, AttributeError):
-        return {}  # names are a courtesy: the ids still say which tokens differ

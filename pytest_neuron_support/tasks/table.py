@@ -27,6 +27,7 @@ from pytest_neuron_support.tasks.forward import (
 from pytest_neuron_support.tasks.generation import ImageTextToText, TextGeneration
 from pytest_neuron_support.tasks.speech import SpeechRecognition
 from pytest_neuron_support.tasks.task import Task
+from pytest_neuron_support.tasks.text2text import Text2TextGeneration
 from pytest_neuron_support.tasks.text_to_image import TextToImage
 
 #: The keywords an image or audio classifier's pipeline check passes: the top label, the direct path's decision.
@@ -42,6 +43,7 @@ TASKS: Mapping[str, Task] = MappingProxyType(
             SentenceEmbedding("sentence-similarity"),
             TextToImage("text-to-image"),
             SpeechRecognition("automatic-speech-recognition"),
+            Text2TextGeneration("text2text-generation"),
             # Forward tasks: one row each (tasks/forward.py): the Auto class, transformers' registry of the
             # architectures it maps, and how the output is read.
             ForwardTask(

@@ -16,6 +16,7 @@ from pytest_neuron_support.zoo.spec import (
     FORWARD_REPOS,
     JUDGE_REPO,
     PIPELINE_REPO,
+    SEQ2SEQ_REPO,
     WHISPER_REPO,
     _arch_by_name,
     _HFTokenizer,
@@ -73,6 +74,10 @@ def _build_job(kind: str, name: str, tmp: str, fingerprint: str) -> str:
             from pytest_neuron_support.zoo.speech import _build_whisper
 
             return _build_whisper(tokenizer_dir, fingerprint, out_dir)
+        if kind == "seq2seq":
+            from pytest_neuron_support.zoo.seq2seq import _build_t5
+
+            return _build_t5(tokenizer_dir, fingerprint, out_dir)
         arch = _arch_by_name(name)
         if arch.task == "image-text-to-text":
             loss, gap = _build_vlm(arch, tokenizer_dir, data, fingerprint, out_dir)
@@ -101,7 +106,8 @@ def build_zoo(
 
     cache_dir = Path(cache_dir)
     # The models that are no causal LM (built by builders of their own), by name.
-    extras = [("pipeline", PIPELINE_REPO), ("speech", WHISPER_REPO), *(("forward", r) for r in FORWARD_REPOS.values())]
+    extras = [("pipeline", PIPELINE_REPO), ("speech", WHISPER_REPO), ("seq2seq", SEQ2SEQ_REPO)]
+    extras += [("forward", r) for r in FORWARD_REPOS.values()]
     extra_names = {repo.split("/")[1] for _, repo in extras}
     archs = list(ARCHS) if names is None else [_arch_by_name(n) for n in names if n not in extra_names]
     fingerprint = zoo_fingerprint()

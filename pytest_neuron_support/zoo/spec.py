@@ -816,6 +816,36 @@ _WHISPER_SPEC: dict[str, Any] = {
 }
 
 
+#: The tiny encoder-decoder (zoo/seq2seq.py): google-t5/t5-small's config with the sizes shrunk, the zoo's own
+#: tokenizer (its ``<pad>`` and ``</s>`` are T5's ids 0 and 1: the decoder start and the end), trained to answer
+#: :data:`TINY_PROMPT` on the encoder side with ``target``, decisively in fp32 and bf16.
+SEQ2SEQ_REPO = f"{ZOO_ORG}/t5"
+_SEQ2SEQ_SPEC: dict[str, Any] = {
+    "source": "google-t5/t5-small",
+    "seed": 1751,
+    "steps": 120,
+    "learning_rate": 3e-3,
+    "target": f" {_PROMPT_SENTENCE}",
+    "config": {
+        "model_type": "t5",
+        "architectures": ["T5ForConditionalGeneration"],
+        "d_model": 64,
+        "d_kv": 16,
+        "d_ff": 128,
+        "num_layers": 2,
+        "num_decoder_layers": 2,
+        "num_heads": 4,
+        "relative_attention_num_buckets": 32,
+        "relative_attention_max_distance": 128,
+        "dropout_rate": 0.1,
+        "feed_forward_proj": "relu",
+        "layer_norm_epsilon": 1e-06,
+        "initializer_factor": 1.0,
+        "tie_word_embeddings": True,
+    },
+}
+
+
 #: The forward tasks' models (zoo/forward.py), one per task: a real Hub checkpoint's config with the sizes
 #: shrunk, the zoo's tokenizer with a mask token and RoBERTa's ``<s> ... </s>`` framing, trained for a few
 #: seconds on run.py's own sentences (tasks/forward.py) so every decision is decisive: each sentence's
@@ -1266,6 +1296,7 @@ def zoo_fingerprint() -> str:
         "judge": _JUDGE_SPEC,
         "pipeline": _PIPELINE_SPEC,
         "whisper": _WHISPER_SPEC,
+        "seq2seq": _SEQ2SEQ_SPEC,
         "forward": _FORWARD_SPECS,
         "forward_train": _FORWARD_TRAIN,
         "forward_inputs": _forward_inputs(),
