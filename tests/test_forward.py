@@ -137,9 +137,11 @@ def test_every_forward_row_reads_an_output_its_fragment_knows() -> None:
     for task in rows:
         assert task.reading.items in ITEMS and task.fragments[-1] == "forward.py"
         assert task.fragments[:2] == ("transformers.py", INPUT_FRAGMENTS[task.reading.inputs])
-        # Word-pieces and masks are a text's items; queries and pixels an image's.
+        # Word-pieces and masks are a text's items; positions an image's queries or a waveform's frames; pixels an
+        # image's.
         assert task.reading.inputs == "text" or task.reading.items not in ("tokens", "mask")
-        assert task.reading.inputs == "image" or task.reading.items not in ("positions", "pixels")
+        assert task.reading.inputs != "text" or task.reading.items != "positions"
+        assert task.reading.inputs == "image" or task.reading.items != "pixels"
         # A task without a decision reads each input's whole output (its features, its depth map).
         assert task.reading.decides or task.reading.items == "sequence"
         # Every row names its registry, but a zero-shot classifier's: its NLI models are text-classification's.
