@@ -40,6 +40,32 @@ class Process:
     cmdline: str
 
 
+def planted_hub(offline_hub: Path, tmp_path: Path, monkeypatch: Any, repo: str, *ids: str) -> Path:
+    """A private copy of the zoo cache holding ``repo``'s checkpoint under each of ``ids`` too (so one session runs
+    it clean and with each planted fault), made this test's Hugging Face cache."""
+    import shutil
+
+    cache = tmp_path / "hub"
+    shutil.copytree(offline_hub, cache, symlinks=True)
+    snapshot = next((cache / f"models--{repo.replace('/', '--')}" / "snapshots").iterdir())
+    for planted in ids:
+        zoo.install_snapshot(cache, planted, snapshot)
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    return cache
+
+
+def planted_conftest(code_by_id: dict[str, str]) -> str:
+    """A conftest whose post-load hook splices ``code_by_id[model.id]`` into the device run's run.py (the CPU
+    reference stays clean), and nothing for any other model."""
+    return f"""
+CODE = {code_by_id!r}
+
+
+def pytest_neuron_support_post_load(config, model):
+    return CODE.get(model.id)
+"""
+
+
 def session_rows(results: Path, failed_only: bool = False) -> str:
     """The rows of a session's results folder (all of them, or those that did not pass), one line
     each with the whole error: what a failed end-to-end test shows first, so a CI log that keeps

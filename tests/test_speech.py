@@ -6,7 +6,6 @@ differently (a language it detected), and where the encoder's inputs are put."""
 from __future__ import annotations
 
 import json
-import shutil
 from importlib import metadata
 from pathlib import Path
 from types import SimpleNamespace
@@ -14,7 +13,7 @@ from typing import Any
 
 import pandas as pd
 import pytest
-from faultkit import assert_outcomes
+from faultkit import assert_outcomes, planted_conftest, planted_hub
 
 from pytest_neuron_support import zoo
 from pytest_neuron_support.base.storage import slug
@@ -35,13 +34,7 @@ DETECTED_LANGUAGE = (
 
 @pytest.fixture
 def whisper_hub(offline_hub: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    cache = tmp_path / "hub"
-    shutil.copytree(offline_hub, cache, symlinks=True)
-    snapshot = next((cache / f"models--{WHISPER.replace('/', '--')}" / "snapshots").iterdir())
-    for planted in (PLANTED, LANGUAGE):
-        zoo.install_snapshot(cache, planted, snapshot)
-    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
-    return cache
+    return planted_hub(offline_hub, tmp_path, monkeypatch, WHISPER, PLANTED, LANGUAGE)
 
 
 @pytest.mark.usefixtures("eager_compile")
@@ -50,14 +43,7 @@ def test_the_tiny_whisper_transcribes_its_waveform_and_planted_faults_fail_at_pa
     pytester: pytest.Pytester, whisper_hub: Path
 ) -> None:
     pytester.makeconftest(
-        f"""
-def pytest_neuron_support_post_load(config, model):
-    if model.id == {LANGUAGE!r}:
-        return {DETECTED_LANGUAGE!r}
-    if model.id != {PLANTED!r}:
-        return None
-    return "with torch.no_grad():\\n    {FAULT}\\n"
-"""
+        planted_conftest({LANGUAGE: DETECTED_LANGUAGE, PLANTED: f"with torch.no_grad():\n    {FAULT}\n"})
     )
     task = "automatic-speech-recognition"
     entries = "".join(f"  - {{id: {model}, task: {task}}}\n" for model in (WHISPER, PLANTED, LANGUAGE))

@@ -5,12 +5,11 @@ is, with a fault planted in its decoder and a decoder start token the device cha
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pandas as pd
 import pytest
-from faultkit import assert_outcomes
+from faultkit import assert_outcomes, planted_conftest, planted_hub
 
 from pytest_neuron_support import zoo
 from pytest_neuron_support.base.storage import slug
@@ -28,13 +27,7 @@ OTHER_START = "model.generation_config.decoder_start_token_id = 2\n"
 
 @pytest.fixture
 def t5_hub(offline_hub: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    cache = tmp_path / "hub"
-    shutil.copytree(offline_hub, cache, symlinks=True)
-    snapshot = next((cache / f"models--{T5.replace('/', '--')}" / "snapshots").iterdir())
-    for planted in (PLANTED, START):
-        zoo.install_snapshot(cache, planted, snapshot)
-    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
-    return cache
+    return planted_hub(offline_hub, tmp_path, monkeypatch, T5, PLANTED, START)
 
 
 @pytest.mark.usefixtures("eager_compile")
@@ -42,16 +35,7 @@ def t5_hub(offline_hub: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
 def test_the_tiny_t5_answers_its_prompt_and_planted_faults_fail_at_parity_and_at_prompt(
     pytester: pytest.Pytester, t5_hub: Path
 ) -> None:
-    pytester.makeconftest(
-        f"""
-def pytest_neuron_support_post_load(config, model):
-    if model.id == {START!r}:
-        return {OTHER_START!r}
-    if model.id != {PLANTED!r}:
-        return None
-    return "with torch.no_grad():\\n    {FAULT}\\n"
-"""
-    )
+    pytester.makeconftest(planted_conftest({START: OTHER_START, PLANTED: f"with torch.no_grad():\n    {FAULT}\n"}))
     entries = "".join(
         f"  - {{id: {model}, task: {TASK}, prompt: {zoo.TINY_PROMPT!r}}}\n" for model in (T5, PLANTED, START)
     )
