@@ -33,7 +33,7 @@ from pytest_neuron_support.tasks.table import TASKS
 
 REPO = Path(__file__).resolve().parent.parent
 COUNTS = re.compile(
-    r"^(?P<task>[a-z-]+) \((?P<registry>[^)]*), (?P<total>\d+) architectures\): "
+    r"^(?P<task>[a-z0-9-]+) \((?P<registry>[^)]*), (?P<total>\d+) architectures\): "
     r"(?P<covered>\d+) covered, (?P<excluded>\d+) excluded, (?P<missing>\d+) missing$"
 )
 
@@ -329,7 +329,7 @@ def test_every_task_of_the_installed_pipeline_is_covered_excluded_or_missing() -
     total, covered, excluded, missing = map(int, found.groups())
     assert total == len(SUPPORTED_TASKS) == covered + excluded + missing
     # The tasks with a row and Selected entries are covered; each other one is listed with why.
-    listed = {m[1]: m[0] for m in re.findall(r"^  (missing|excluded) +([a-z-]+): ", done.stdout, flags=re.M)}
+    listed = {m[1]: m[0] for m in re.findall(r"^  (missing|excluded) +([a-z0-9-]+): ", done.stdout, flags=re.M)}
     assert len(listed) == excluded + missing
     assert listed["zero-shot-object-detection"] == "missing" and "text-generation" not in listed
     covering = {

@@ -61,6 +61,7 @@ MODELS = [
     ModelRecord("google/vlm-tiny", downloads=700, trending_score=8, pipeline_tag="image-text-to-text"),
     ModelRecord("hf/vlm-other", downloads=7000, trending_score=2, pipeline_tag="image-text-to-text"),
     ModelRecord("openai/whisper-tiny", downloads=10**6, trending_score=99, pipeline_tag="automatic-speech-recognition"),
+    ModelRecord("google/flan-t5", downloads=8000, trending_score=14, pipeline_tag="text2text-generation"),
     ModelRecord(
         "sd/tiny-diffusion", downloads=300, trending_score=40, pipeline_tag="text-to-image", library_name="diffusers"
     ),
