@@ -28,8 +28,9 @@ def test_another_task_token_fails_at_prompt_naming_both_prompts_and_keeps_what_e
     assert decision.error == (
         "the device's decoder prompt [769 <|startoftranscript|>, 770 <|en|>, 772 <|translate|>, 776 <|notimestamps|>] "
         "differs from the CPU reference's [769 <|startoftranscript|>, 770 <|en|>, 771 <|transcribe|>, 776 "
-        "<|notimestamps|>] at position 2 (device 772 <|translate|>, CPU 771 <|transcribe|>): generate() built another "
-        "language, task or timestamp prompt on the device"
+        "<|notimestamps|>] at position 2 (device 772 <|translate|>, CPU 771 <|transcribe|>): generate() started the "
+        "decoder with another prompt on the device (another start token; Whisper's: another language, task or "
+        "timestamp)"
     )
     parity = Decision("FAIL", "parity", "parity+teacher-forced", "tokens differ from the CPU reference at index 0")
     after = decoder_prompt([769], [769, 776], {}, parity)

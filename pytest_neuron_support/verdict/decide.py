@@ -276,8 +276,9 @@ def decoder_prompt(
     names: Mapping[int, str],
     then: Decision,
 ) -> Decision:
-    """An encoder-decoder's decoder prompt (Whisper: start of transcript, then the language, task and
-    timestamp tokens generate() adds, a language it detected from the audio included) as the device's
+    """An encoder-decoder's decoder prompt (T5's or BART's decoder start token; Whisper's start of transcript,
+    then the language, task and timestamp tokens generate() adds, a language it detected from the audio
+    included) as the device's
     generate() built it, against the CPU reference's. Equal, or either unknown (a run that recorded none):
     the decision from the tokens after it, ``then``, stands. Different: a FAIL at ``prompt`` naming both
     prompts (with ``names``, the tokens' text, where known), whatever the tokens after it did: a
@@ -298,8 +299,8 @@ def decoder_prompt(
 
     error = (
         f"the device's decoder prompt {shown(device)} differs from the CPU reference's {shown(cpu)} at position "
-        f"{index} (device {at(device)}, CPU {at(cpu)}): generate() built another language, task or timestamp "
-        "prompt on the device"
+        f"{index} (device {at(device)}, CPU {at(cpu)}): generate() started the decoder with another prompt on the "
+        "device (another start token; Whisper's: another language, task or timestamp)"
     )
     if then.error:
         error += f"; besides, {then.result} at {then.failure_stage}: {then.error}"
