@@ -278,12 +278,11 @@ def decoder_prompt(
 ) -> Decision:
     """An encoder-decoder's decoder prompt (T5's or BART's decoder start token; Whisper's start of transcript,
     then the language, task and timestamp tokens generate() adds, a language it detected from the audio
-    included) as the device's
-    generate() built it, against the CPU reference's. Equal, or either unknown (a run that recorded none):
-    the decision from the tokens after it, ``then``, stands. Different: a FAIL at ``prompt`` naming both
-    prompts (with ``names``, the tokens' text, where known), whatever the tokens after it did: a
-    transcript in another language or task answers another request, and its tokens cannot be compared.
-    What ``then`` found wrong, if anything, is kept after it."""
+    included) as the device's generate() built it, against the CPU reference's. Equal, or either unknown (a
+    run that recorded none): the decision from the tokens after it, ``then``, stands. Different: a FAIL at
+    ``prompt`` naming both prompts (with ``names``, the tokens' text, where known), whatever the tokens after
+    it did: a transcript in another language or task answers another request, and its tokens cannot be
+    compared. What ``then`` found wrong, if anything, is kept after it."""
     if device is None or cpu is None or list(device) == list(cpu):
         return then
     index = next((i for i, (a, b) in enumerate(zip(device, cpu, strict=False)) if a != b), min(len(device), len(cpu)))

@@ -35,31 +35,64 @@ def _build_t5(tokenizer_dir: Path, fingerprint: str, out_dir: Path) -> str:
     # What run.py feeds the encoder: the prompt as the tokenizer gives it (text.py's task_inputs).
     inputs = tokenizer(TINY_PROMPT, return_tensors="pt")
     target = tokenizer(spec["target"], add_special_tokens=False).input_ids
-    labels = torch.tensor([[*target, tokenizer.eos_token_id]])
+    expected = [*target, tokenizer.eos_token_id]
+    labels = torch.tensor([expected])
+    # T5 shifts the labels right after its decoder start token: generate()'s decoder prompt is that one token.
+    loss = train_until_decisive(torch, model, "t5", spec, {**inputs, "labels": labels}, dict(inputs), 1, expected)
+    save_with_card(
+        torch,
+        model,
+        out_dir,
+        "text2text-generation",
+        f"# A tiny T5\n\nBuilt offline by pytest-neuron-support's tiny zoo from {spec['source']}'s config with the "
+        f"sizes shrunk, trained to answer the zoo prompt with {spec['target']!r} (loss {loss:.4f}).",
+        fingerprint,
+    )
+    return f"loss {loss:.4f}, answer of {len(expected)} tokens in fp32 and bf16"
+
+
+def train_until_decisive(
+    torch: Any,
+    model: Any,
+    name: str,
+    spec: dict[str, Any],
+    batch: dict[str, Any],
+    inputs: dict[str, Any],
+    prefix: int,
+    expected: list[int],
+) -> float:
+    """Train an encoder-decoder on one teacher-forced ``batch`` (``spec``'s steps and learning rate) and return its
+    last loss. Raises when greedy decoding of ``inputs`` does not give ``expected`` after the ``prefix`` tokens of
+    the decoder prompt, in fp32 and bf16 alike (the tiny T5's and the tiny Whisper's decisiveness)."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=spec["learning_rate"])
     model.train()
     loss = float("nan")
     for _ in range(spec["steps"]):
-        out = model(**inputs, labels=labels)  # T5 shifts the labels right after its decoder start token
+        out = model(**batch)
         optimizer.zero_grad()
         out.loss.backward()
         optimizer.step()
         loss = float(out.loss.detach())
     model.eval()
-    expected = [*target, tokenizer.eos_token_id]
     for dtype in (torch.float32, torch.bfloat16):
+        given = {k: v.to(dtype) if v.is_floating_point() else v for k, v in inputs.items()}
         with torch.no_grad():
-            found = model.to(dtype).generate(**inputs, max_new_tokens=32, do_sample=False)
-        # As run.py reads them: the sequence after the decoder prompt (the start token), the end included.
-        tokens = [int(t) for t in found[0, 1:].tolist()]
+            found = model.to(dtype).generate(**given, max_new_tokens=32, do_sample=False, return_dict_in_generate=True)
+        # As run.py reads them: the sequences (Whisper's keep its decoder prompt only there) after the decoder
+        # prompt, the end included.
+        tokens = [int(t) for t in found.sequences[0, prefix:].tolist()]
         if tokens != expected:
-            raise RuntimeError(f"the tiny t5 is not decisive in {dtype}: {tokens} != {expected} (loss {loss:.4f})")
+            raise RuntimeError(f"the tiny {name} is not decisive in {dtype}: {tokens} != {expected} (loss {loss:.4f})")
+    return loss
+
+
+def save_with_card(
+    torch: Any, model: Any, out_dir: Path, pipeline_tag: str, description: str, fingerprint: str
+) -> None:
+    """Save the model in bfloat16 with its model card: the Hub's pipeline tag, what it is, the zoo's fingerprint."""
     model.to(torch.bfloat16).save_pretrained(out_dir)
     (out_dir / "README.md").write_text(
-        "---\nlibrary_name: transformers\npipeline_tag: text2text-generation\n---\n"
-        f"# A tiny T5\n\nBuilt offline by pytest-neuron-support's tiny zoo from {spec['source']}'s config with "
-        f"the sizes shrunk, trained to answer the zoo prompt with {spec['target']!r} (loss {loss:.4f}).\n\n"
+        f"---\nlibrary_name: transformers\npipeline_tag: {pipeline_tag}\n---\n{description}\n\n"
         f"tiny_zoo_fingerprint: {fingerprint}\n",
         encoding="utf-8",
     )
-    return f"loss {loss:.4f}, answer of {len(expected)} tokens in fp32 and bf16"

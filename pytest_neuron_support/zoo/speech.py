@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from pytest_neuron_support.zoo.seq2seq import save_with_card, train_until_decisive
 from pytest_neuron_support.zoo.spec import _WHISPER_SPEC
 
 
@@ -79,33 +80,17 @@ def _build_whisper(tokenizer_dir: Path, fingerprint: str, out_dir: Path) -> str:
     prompt = [start, no_timestamps]  # what generate() puts before the transcript of an English-only model
     decoder_inputs = torch.tensor([prompt + target])
     labels = torch.tensor([prompt[1:] + target + [ids[end]]])
-    optimizer = torch.optim.AdamW(model.parameters(), lr=spec["learning_rate"])
-    model.train()
-    loss = float("nan")
-    for _ in range(spec["steps"]):
-        out = model(input_features=inputs, decoder_input_ids=decoder_inputs, labels=labels)
-        optimizer.zero_grad()
-        out.loss.backward()
-        optimizer.step()
-        loss = float(out.loss.detach())
-    model.eval()
     expected = [*target, ids[end]]
-    for dtype in (torch.float32, torch.bfloat16):
-        with torch.no_grad():
-            found = model.to(dtype).generate(
-                input_features=inputs.to(dtype), max_new_tokens=32, do_sample=False, return_dict_in_generate=True
-            )
-        # As run.py reads them: the sequence after the decoder prompt, the end of text included.
-        tokens = [int(t) for t in found.sequences[0, len(prompt) :].tolist()]
-        if tokens != expected:
-            raise RuntimeError(f"the tiny whisper is not decisive in {dtype}: {tokens} != {expected} (loss {loss:.4f})")
-    model.to(torch.bfloat16).save_pretrained(out_dir)
-    (out_dir / "README.md").write_text(
-        "---\nlibrary_name: transformers\npipeline_tag: automatic-speech-recognition\n---\n"
+    batch = {"input_features": inputs, "decoder_input_ids": decoder_inputs, "labels": labels}
+    loss = train_until_decisive(torch, model, "whisper", spec, batch, {"input_features": inputs}, len(prompt), expected)
+    save_with_card(
+        torch,
+        model,
+        out_dir,
+        "automatic-speech-recognition",
         f"# A tiny Whisper\n\nBuilt offline by pytest-neuron-support's tiny zoo from {spec['source']}'s config "
         f"with the sizes shrunk, trained to transcribe run.py's test waveform as {spec['transcript']!r} "
-        f"(loss {loss:.4f}).\n\n"
-        f"tiny_zoo_fingerprint: {fingerprint}\n",
-        encoding="utf-8",
+        f"(loss {loss:.4f}).",
+        fingerprint,
     )
     return f"loss {loss:.4f}, transcript of {len(expected)} tokens in fp32 and bf16"

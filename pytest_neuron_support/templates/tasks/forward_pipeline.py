@@ -171,7 +171,7 @@ def run_task(torch, pipe, model, state):  # replaces forward.py's
             f"the pipeline ran the model {len(runs[0])} and {len(runs[1])} times for {len(inputs)} inputs, "
             f"not {calls} times"
         )
-    texts = inputs if SPEC["task_options"]["input"] == "text" else None
+    texts = inputs if text else None
     vectors, items, decisions, labels, also = read_calls(torch, runs[0], texts, tokenizer, model)
     again, _, _, _, also_again = read_calls(torch, runs[1], texts, tokenizer, model)
     return {
