@@ -1,23 +1,28 @@
-"""The compile-readiness census: every text-generation architecture of the installed transformers, as a
-tiny random model, through the same run.py on CPU with the compiled static-cache ``generate()``.
+"""The compile-readiness census: every architecture of every task the suite has a row for (text generation and
+each forward task: classification, fill-mask, image features, detection, segmentation, depth, audio, CTC), as a
+tiny random model, through the same run.py on CPU: the compiled static-cache ``generate()`` of a causal LM, the
+compiled forward pass of the others.
 
 Whether an architecture's decoding step traces into one static graph, breaks the graph, recompiles
 every step or falls back to eager is decided by Dynamo and transformers' modeling code before any
 backend sees a graph, so it is the same on Neuron as on CPU; on trn2 each graph is a neuronx-cc
 compile of minutes to hours. The census measures it for every architecture at the cost of a laptop.
 
-    python benchmarks/census.py                  # every architecture the installed transformers maps
-    python benchmarks/census.py --sample         # the fixed five CI runs (tests/test_census.py)
+    python benchmarks/census.py                  # every architecture of every task the installed transformers maps
+    python benchmarks/census.py --sample         # CI's fixed sample (tests/test_census.py): one or more per task family
     python benchmarks/census.py --resume         # continue an interrupted census where it stopped
-    python benchmarks/census.py --only llama,gpt2
+    python benchmarks/census.py --task fill-mask --task image-classification
+    python benchmarks/census.py --only llama,gpt2                 # of text generation (or of each --task)
 
-Steps: (1) ``pytest_neuron_support.zoo.census`` builds each architecture from its own config class,
-shrunk, into a Hub cache (``census/<model_type>``), reusing what an earlier run built; (2) a catalog of
-the built ones (top-level ``source: census``) is swept by the plugin (``pytest --device=cpu``, progress
-lines and ``--resume`` as in any sweep): each row records graphs, graph breaks and their reasons,
-recompiles, the recompile-limit hit and the teacher-forced check; (3) ``census.md`` tabulates the rows
-with what could not be built and why, and ``builds.json`` keeps the builder's outcomes. The rows are a
-dataset like any other (``<results>/data``): ``neuron-support report`` shows them in the viewer's
+Steps: (1) ``pytest_neuron_support.zoo.census`` builds each architecture of each task from its own config
+class, shrunk, into a Hub cache (``census/<model_type>`` for text generation, ``census-<task>/<model_type>``
+for the others, each with its architecture's own preprocessor), reusing what an earlier run built; (2) one
+catalog of the built ones (top-level ``source: census``, each entry its task) is swept by the plugin
+(``pytest --device=cpu``, progress lines and ``--resume`` as in any sweep): each row records graphs, graph
+breaks and their reasons, recompiles, the recompile-limit hit and its check's verdict (the teacher-forced
+check of a causal LM; the calibrated output comparison of a forward task); (3) ``census.md`` counts each task
+and tabulates the rows with what could not be built and why, and ``builds.json`` keeps the builder's outcomes.
+The rows are a dataset like any other (``<results>/data``): ``neuron-support report`` shows them in the viewer's
 Architectures view.
 
 The sweep compiles with ``torch.compile``'s ``eager`` backend by default: Dynamo still captures, counts
@@ -40,13 +45,26 @@ from pathlib import Path
 from pytest_neuron_support.base.storage import write_atomic
 from pytest_neuron_support.data.dataset import latest_rows, read_dataset
 from pytest_neuron_support.data.records import Row
-from pytest_neuron_support.zoo.census import CensusBuild, build_census, census_architectures
+from pytest_neuron_support.zoo.census import (
+    TEXT_GENERATION,
+    CensusBuild,
+    build_census,
+    census_architectures,
+    census_tasks,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 
-#: CI's fixed sample: a dense Llama-style decoder, GPT-2's learned positions, a sparse MoE, Gemma 3's
-#: hybrid sliding-window attention (it recompiles: transformers #44609) and a state-space model.
-SAMPLE: tuple[str, ...] = ("gemma3_text", "gpt2", "llama", "mamba", "qwen3_moe")
+#: CI's fixed sample, by task: a dense Llama-style decoder, GPT-2's learned positions, a sparse MoE, Gemma 3's
+#: hybrid sliding-window attention (it recompiles: transformers #44609) and a state-space model; then one
+#: architecture of each forward task family: text (BERT's sequence classifier), vision (ViT's image classifier)
+#: and audio (wav2vec2's CTC head).
+SAMPLE: dict[str, tuple[str, ...]] = {
+    TEXT_GENERATION: ("gemma3_text", "gpt2", "llama", "mamba", "qwen3_moe"),
+    "text-classification": ("bert",),
+    "image-classification": ("vit",),
+    "automatic-speech-recognition-ctc": ("wav2vec2",),
+}
 
 
 def default_cache() -> Path:
@@ -57,15 +75,15 @@ def default_cache() -> Path:
 
 
 def census_catalog(path: Path, builds: Sequence[CensusBuild]) -> Path:
-    """The sweep's catalog: one text-generation entry per built architecture, its rows marked census."""
+    """The sweep's catalog: one entry of its task per built architecture, its rows marked census."""
     lines = [
-        "# Written by benchmarks/census.py: one tiny random model per architecture (not a Selected list).",
+        "# Written by benchmarks/census.py: one tiny random model per architecture and task (not a Selected list).",
         "source: census",
         "models:",
     ]
     for build in builds:
         if build.repo_id is not None:
-            lines.append(f"  - {{id: {build.repo_id}, task: text-generation, tags: [{build.model_type}, census]}}")
+            lines.append(f"  - {{id: {build.repo_id}, task: {build.task}, tags: [{build.model_type}, census]}}")
     write_atomic(path, "\n".join(lines) + "\n")
     return path
 
@@ -112,32 +130,65 @@ def one_graph(row: Row) -> bool:
 
 
 def table(rows: Sequence[Row], builds: Sequence[CensusBuild]) -> str:
-    """census.md: the architecture table, its counts, and what could not be built and why."""
+    """census.md: the count per task, each task's architecture table, and what could not be built and why."""
     import transformers
 
-    # One census row per architecture: its newest.
+    # One census row per architecture and task: its newest.
     newest = latest_rows((r for r in rows if r.source == "census"), key=lambda r: r.model_id)
-    by_type = {b.model_type: b for b in builds}
-    swept = sorted(newest.values(), key=lambda r: r.model_id)
-    single = [r for r in swept if one_graph(r)]
-    limited = [r for r in swept if r.recompile_limit is not None]
-    broken = [r for r in swept if r.graph_breaks]
+    tasks = list(dict.fromkeys(b.task for b in builds))
+    swept_of = {t: sorted((r for r in newest.values() if r.task == t), key=lambda r: r.model_id) for t in tasks}
     failed = [b for b in builds if b.repo_id is None]
     lines = [
         f"# Compile-readiness census: transformers {transformers.__version__}",
         "",
-        f"{len(by_type)} text-generation architectures; {len(by_type) - len(failed)} built as tiny random models, "
-        f"{len(swept)} swept through run.py on CPU (compiled static-cache `generate()`); "
-        f"**{len(single)} compile to exactly one decoding graph**; {len(broken)} break the graph; "
+        f"{len(builds)} architectures of {len(tasks)} tasks; {len(builds) - len(failed)} built as tiny random models, "
+        f"{sum(len(v) for v in swept_of.values())} swept through run.py on CPU; "
+        f"**{sum(1 for v in swept_of.values() for r in v if one_graph(r))} compile to exactly one graph**.",
+        "",
+        "Graphs: compiled by the first run (one decoding step's graph for a causal LM's `generate()`, the forward "
+        "pass's for the other tasks: what static shapes need); recompiles: compiled again by the warm second run; "
+        "recompile limit: the guard Dynamo gave up on; teacher-forced: the compiled run's tokens scored against the "
+        "eager CPU model under the same prefix; verdict basis: the evidence that decided the row.",
+        "",
+        "| task | architectures | built | swept | one graph | graph breaks | recompile limit | PASS | FAIL | ERROR |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for task in tasks:
+        of_task = [b for b in builds if b.task == task]
+        swept = swept_of[task]
+        results = [r.result for r in swept]
+        lines.append(
+            f"| {task} | {len(of_task)} | {sum(1 for b in of_task if b.repo_id)} | {len(swept)} | "
+            f"{sum(1 for r in swept if one_graph(r))} | {sum(1 for r in swept if r.graph_breaks)} | "
+            f"{sum(1 for r in swept if r.recompile_limit is not None)} | {results.count('PASS')} | "
+            f"{results.count('FAIL')} | {results.count('ERROR')} |"
+        )
+    for task in tasks:
+        lines += ["", *_task_section(task, swept_of[task], [b for b in builds if b.task == task])]
+    if failed:
+        lines += ["", f"## Not built ({len(failed)})", "", "| task | architecture | step | why |", "|---|---|---|---|"]
+        lines += [f"| {b.task} | {b.model_type} | {b.step} | {_escape(b.error or '')} |" for b in failed]
+    return "\n".join(lines) + "\n"
+
+
+def _task_section(task: str, swept: Sequence[Row], builds: Sequence[CensusBuild]) -> list[str]:
+    """One task's part of census.md: its counts in a sentence, then one line per architecture swept."""
+    generates = task == TEXT_GENERATION
+    single = [r for r in swept if one_graph(r)]
+    limited = [r for r in swept if r.recompile_limit is not None]
+    broken = [r for r in swept if r.graph_breaks]
+    graph = "decoding graph" if generates else "forward graph"
+    lines = [
+        f"## {task}",
+        "",
+        f"{len(builds)} architectures; {sum(1 for b in builds if b.repo_id)} built, {len(swept)} swept; "
+        f"**{len(single)} compile to exactly one {graph}**; {len(broken)} break the graph; "
         f"{len(limited)} hit Dynamo's recompile limit (later steps ran eager).",
         "",
-        "Graphs: compiled by the first `generate()` (one decoding step's graph is what static shapes need); "
-        "recompiles: compiled again by the warm second `generate()`; recompile limit: the guard Dynamo gave up on; "
-        "teacher-forced: the compiled run's tokens scored against the eager CPU model under the same prefix.",
-        "",
-        "| architecture | result | graphs | breaks | recompiles | recompile limit | teacher-forced | verdict basis "
-        "| error |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| architecture | result | graphs | breaks | recompiles | recompile limit | "
+        + ("teacher-forced | " if generates else "")
+        + "verdict basis | error |",
+        "|---|---|---|---|---|---|" + ("---|" if generates else "") + "---|---|",
     ]
     for row in swept:
         name = row.model_id.split("/", 1)[1]
@@ -145,15 +196,13 @@ def table(rows: Sequence[Row], builds: Sequence[CensusBuild]) -> str:
         reasons = "; ".join(dict.fromkeys(r.strip().split("\n", 1)[0] for r in row.graph_break_reasons))
         breaks = f"{row.graph_breaks}" + (f" ({reasons})" if reasons else "") if row.graph_breaks else "0"
         result = row.result + (f" at {row.failure_stage}" if row.failure_stage else "")
+        forced = f"{teacher_forced(row)} | " if generates else ""
         lines.append(
             f"| {name} | {result} | {_cell(row.graphs_compiled)} | {_escape(breaks)} | {_cell(row.recompiles)} | "
-            f"{_escape(limit_guard(row.recompile_limit))} | {teacher_forced(row)} | {row.verdict_basis or ''} | "
+            f"{_escape(limit_guard(row.recompile_limit))} | {forced}{_escape(row.verdict_basis or '')} | "
             f"{_escape(first_line(row.error) if row.result == 'ERROR' else '')} |"
         )
-    if failed:
-        lines += ["", f"## Not built ({len(failed)})", "", "| architecture | step | why |", "|---|---|---|"]
-        lines += [f"| {b.model_type} | {b.step} | {_escape(b.error or '')} |" for b in failed]
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def first_line(error: str | None, limit: int = 140) -> str:
@@ -181,8 +230,14 @@ def _escape(text: str) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     chosen = parser.add_mutually_exclusive_group()
-    chosen.add_argument("--sample", action="store_true", help=f"only CI's fixed sample: {', '.join(SAMPLE)}")
-    chosen.add_argument("--only", help="comma-separated model_types")
+    chosen.add_argument("--sample", action="store_true", help="only CI's fixed sample (SAMPLE)")
+    chosen.add_argument("--only", help="comma-separated model_types (of each task)")
+    parser.add_argument(
+        "--task",
+        action="append",
+        choices=list(census_tasks()),
+        help="only this task (repeatable; default: every task the census has)",
+    )
     parser.add_argument("--results-dir", type=Path, default=REPO / "benchmarks" / "results" / "census")
     parser.add_argument("--cache-dir", type=Path, default=None, help="the census models' hub cache")
     parser.add_argument("--resume", action="store_true", help="skip architectures that already have a row")
@@ -192,7 +247,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-new-tokens", default="16", help="greedy tokens per run (default 16)")
     args = parser.parse_args(argv)
 
-    wanted = list(SAMPLE) if args.sample else args.only.split(",") if args.only else list(census_architectures())
+    tasks = args.task or (list(SAMPLE) if args.sample else list(census_tasks()))
+    if args.only and not args.task:
+        tasks = [TEXT_GENERATION]
+    wanted = {
+        task: list(SAMPLE.get(task, ()))
+        if args.sample
+        else args.only.split(",")
+        if args.only
+        else list(census_architectures(task))
+        for task in tasks
+    }
     cache = args.cache_dir or default_cache()
     results = args.results_dir.resolve()
     results.mkdir(parents=True, exist_ok=True)
@@ -202,10 +267,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         state = (
             f"built ({build.parameters:,} parameters)" if build.repo_id else f"not built at {build.step}: {build.error}"
         )
-        print(f"[census] {build.model_type}: {state}", flush=True)
+        where = "" if build.task == TEXT_GENERATION else f" ({build.task})"
+        print(f"[census] {build.model_type}{where}: {state}", flush=True)
 
-    print(f"[census] building {len(wanted)} architecture(s) into {cache}", flush=True)
-    builds = build_census(cache, wanted, progress=said)
+    total = sum(len(v) for v in wanted.values())
+    print(f"[census] building {total} architecture(s) of {len(wanted)} task(s) into {cache}", flush=True)
+    builds = [b for task, types in wanted.items() for b in build_census(cache, types, task=task, progress=said)]
     write_atomic(results / "builds.json", json.dumps([dataclasses.asdict(b) for b in builds], indent=1) + "\n")
     built = [b for b in builds if b.repo_id is not None]
     print(f"[census] {len(built)} of {len(builds)} built in {time.monotonic() - start:.0f} s; sweeping", flush=True)

@@ -1,8 +1,10 @@
-"""The census: tiny random causal LMs built offline from transformers' default configs, installed in a
-Hub cache as ``census/<model_type>``.
+"""The census: tiny random models built offline from transformers' default configs, installed in a Hub cache
+as ``census/<model_type>`` (causal LMs) and ``census-<task>/<model_type>`` (every forward task's architectures,
+each with its own preprocessor).
 
-Real builds, no mocks, of a few architectures only (a dense one, gpt2's renamed fields, a MoE); the
-whole census (about 200 architectures) is for a person to run, not for the suite.
+Real builds, no mocks, of a few architectures only (a dense one, gpt2's renamed fields, a MoE; a masked LM, an
+image classifier, an audio classifier); the whole census (about 650 architectures) is for a person to run, not
+for the suite.
 """
 
 from __future__ import annotations
@@ -209,3 +211,118 @@ def test_shrinking_keeps_each_layer_kind(model_type: str, kinds: list[str]) -> N
     assert config.layer_types == kinds
     assert config.num_hidden_layers == len(kinds)
     assert (config.hidden_size, config.num_attention_heads, config.vocab_size) == (64, 4, 768)
+
+
+# --- every task with a row ------------------------------------------------------------------------
+
+
+def test_the_census_has_text_generation_and_every_forward_task_with_a_registry_of_its_own() -> None:
+    import importlib
+
+    from pytest_neuron_support.tasks.forward import ForwardTask
+    from pytest_neuron_support.tasks.table import TASKS
+
+    tasks = census.census_tasks()
+    forward = [t for t in TASKS.values() if isinstance(t, ForwardTask) and t.registry is not None]
+    assert list(tasks) == ["text-generation", *(t.name for t in forward)]
+    for task in forward:
+        mapping = getattr(importlib.import_module(task.registry[0]), task.registry[1])
+        assert census_architectures(task.name) == tuple(sorted(mapping)), task.name
+        assert tasks[task.name].auto_class == task.auto_class
+    # A task the census does not build is refused by name, with the ones it has.
+    with pytest.raises(ValueError, match=r"the census has no task 'text-to-image': one of text-generation, "):
+        census_architectures("text-to-image")
+
+
+def test_a_forward_task_shrinks_without_the_causal_switch_and_with_its_backbone_built_offline() -> None:
+    ids = {"<s>": 2, "</s>": 1, "<pad>": 0}
+    # A causal LM of an encoder family is made causal; the same architecture's masked LM is not.
+    assert census._shrunk_config("bert", 768, ids).is_decoder is True
+    assert census._shrunk_config("bert", 768, ids, shrinking=census._FORWARD).is_decoder is False
+    # DETR's default backbone is timm's ResNet-50 (timm is not installed): transformers' own ResNet instead, shrunk.
+    assert census._shrunk_config("detr", 768, ids).backbone_config.model_type == "timm_backbone"
+    detr = census._shrunk_config("detr", 768, ids, shrinking=census._FORWARD)
+    assert detr.backbone_config.model_type == "resnet" and detr.backbone_config.hidden_sizes == [32, 32, 32, 32]
+    # A hierarchical backbone: every stage small and one block deep, at the vision tasks' image size.
+    convnext = census._shrunk_config("convnext", 768, ids, shrinking=census._FORWARD)
+    assert convnext.depths == [1, 1, 1, 1] and convnext.hidden_sizes == [32, 32, 32, 32]
+    assert census._shrunk_config("vit", 768, ids, shrinking=census._FORWARD).image_size == 64
+
+
+FORWARD = {
+    "fill-mask": ["bert"],
+    "image-classification": ["vit", "dinov2_with_registers", UNKNOWN],
+    "audio-classification": ["wav2vec2"],
+}
+
+
+@pytest.fixture(scope="module")
+def forward_built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, list[CensusBuild]]]:
+    cache = tmp_path_factory.mktemp("census-forward") / "hub"
+    built: dict[str, list[CensusBuild]] = {}
+    for task, types in FORWARD.items():
+        built[task], _ = in_fresh_process("", f"build_census({str(cache)!r}, {types!r}, task={task!r})")
+    return cache, built
+
+
+def test_forward_task_models_are_built_each_under_its_task(
+    forward_built: tuple[Path, dict[str, list[CensusBuild]]],
+) -> None:
+    cache, built = forward_built
+    bert, vit, registers, unknown = built["fill-mask"][0], *built["image-classification"]
+    assert (bert.repo_id, bert.task, bert.model_class) == ("census-fill-mask/bert", "fill-mask", "BertForMaskedLM")
+    assert vit.repo_id == "census-image-classification/vit" and vit.step is None
+    assert built["audio-classification"][0].repo_id == "census-audio-classification/wav2vec2"
+    # What cannot be built is reported with its step and why, and nothing of it is installed.
+    assert (registers.repo_id, registers.step) == (None, "preprocessor")
+    assert registers.error == "ValueError: transformers maps no image preprocessor to 'dinov2_with_registers'"
+    assert not installed(cache, "census-image-classification/dinov2_with_registers")
+    assert (unknown.step, unknown.task) == ("config", "image-classification")
+    assert unknown.error == f"KeyError: {UNKNOWN!r} is not a model_type of MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES"
+    snapshot = _snapshot_path(cache, "census-image-classification/vit")
+    assert snapshot is not None
+    card = (snapshot / "README.md").read_text()
+    assert "pipeline_tag: image-classification\n" in card and "census_task: image-classification\n" in card
+    assert json.loads((snapshot / "preprocessor_config.json").read_text())["size"] == {"height": 64, "width": 64}
+
+
+def test_forward_task_models_load_offline_and_run_what_run_py_feeds_them(
+    forward_built: tuple[Path, dict[str, list[CensusBuild]]],
+) -> None:
+    """In a fresh process with only HF_HUB_CACHE and HF_HUB_OFFLINE=1, each model and its preprocessor load by
+    repo id with the row's own classes, and run.py's own inputs (its template's ``forward_batch``) run through."""
+    cache, _ = forward_built
+    code = """
+import json, torch, transformers
+from pytest_neuron_support.tasks.table import task_of
+from pytest_neuron_support.zoo.forward import _run_batch
+out = {}
+for repo, name in [("census-fill-mask/bert", "fill-mask"), ("census-image-classification/vit", "image-classification"),
+                   ("census-audio-classification/wav2vec2", "audio-classification")]:
+    task = task_of(name)
+    model = getattr(transformers, task.auto_class).from_pretrained(repo).eval()
+    preprocessor = getattr(transformers, task.reading.preprocessor or "AutoTokenizer").from_pretrained(repo)
+    batch, _ = _run_batch(torch, task, preprocessor)
+    with torch.no_grad():
+        output = getattr(model(**batch), task.reading.output)
+    out[name] = [list(output.shape), bool(torch.isfinite(output).all())]
+print(json.dumps(out))
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env=_clean_env(HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(cache)),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=REPO,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    from pytest_neuron_support.tasks.forward import LENGTH, MASKED_SENTENCES
+
+    # Four masked sentences padded to the row's length, over the zoo tokenizer and its mask token; the test card
+    # and its mirror image over ViT's two default labels; the waveform and its reverse likewise.
+    assert out["fill-mask"][0][:2] == [len(MASKED_SENTENCES), LENGTH] and out["fill-mask"][1]
+    assert out["image-classification"] == [[2, 2], True]
+    assert out["audio-classification"] == [[2, 2], True]

@@ -907,6 +907,19 @@ def census_rows() -> list[Row]:
             positions_disagreeing=4,
             error=f"parity: {XSS}",
         ),
+        # A forward task's census row: its own org, its forward graph, no teacher-forced check.
+        make_row(
+            "census-fill-mask/bert",
+            "PASS",
+            NEW,
+            task="fill-mask",
+            source="census",
+            device="cpu",
+            graphs_compiled=1,
+            graph_breaks=0,
+            recompiles=0,
+            verdict_basis="forward-calibrated",
+        ),
         make_row("org/alpha-1b", "ERROR", NEW, failure_stage="compile", error="RuntimeError: boom"),
     ]
 
@@ -939,19 +952,30 @@ def test_architectures_view_shows_the_census_and_keeps_it_out_of_selected_and_fa
         }
 
     rows = wait_for(shown)
-    assert sorted(rows) == ["gemma3_text", "llama", "mamba"]
-    assert rows["llama"][:2] == ("PASS", "true") and rows["llama"][2][2:7] == ["1", "0", "0", "", "agrees (16)"]
-    assert rows["gemma3_text"][:2] == ("PASS", "false") and rows["gemma3_text"][2][5] == "cache_size_limit reached"
-    assert "(recompile limit: eager)" in rows["gemma3_text"][2][1]
-    assert rows["mamba"][:2] == ("FAIL", "false") and rows["mamba"][2][6] == "4 of 16 disagree"
+    assert sorted(rows) == ["bert", "gemma3_text", "llama", "mamba"]
+    assert rows["llama"][:2] == ("PASS", "true") and rows["llama"][2][1] == "text-generation"
+    assert rows["llama"][2][3:8] == ["1", "0", "0", "", "agrees (16)"]
+    assert rows["gemma3_text"][:2] == ("PASS", "false") and rows["gemma3_text"][2][6] == "cache_size_limit reached"
+    assert "(recompile limit: eager)" in rows["gemma3_text"][2][2]
+    assert rows["mamba"][:2] == ("FAIL", "false") and rows["mamba"][2][7] == "4 of 16 disagree"
+    # A forward task's architecture: its task, its one forward graph, no teacher-forced check, its basis.
+    assert rows["bert"][:2] == ("PASS", "true")
+    assert rows["bert"][2][1] == "fill-mask" and rows["bert"][2][7:] == ["", "forward-calibrated"]
     info = browser.find_element(By.ID, "census-info").text
-    assert "3 architecture(s) on " in info
-    assert "1 compile to exactly one decoding graph, 1 break the graph, 1 hit the recompile limit" in info
-    breaks = browser.find_element(By.CSS_SELECTOR, "#census tr[data-architecture='mamba'] td:nth-child(4)")
+    assert "4 architecture(s) of 2 task(s) on " in info
+    assert "2 compile to exactly one graph, 1 break the graph, 1 hit the recompile limit" in info
+    assert "By task: fill-mask 1 (1 one graph), text-generation 3 (1 one graph)." in info
+    breaks = browser.find_element(By.CSS_SELECTOR, "#census tr[data-architecture='mamba'] td:nth-child(5)")
     assert breaks.get_attribute("title") == "Unsupported: call_function torch._C._nn.scan"
     # The search narrows by architecture; an architecture opens its row's detail; hostile text stays text.
     browser.find_element(By.ID, "search").send_keys("gemma")
     assert wait_for(lambda: sorted(shown()) == ["gemma3_text"])
+    browser.find_element(By.ID, "search").clear()
+    browser.find_element(By.ID, "search").send_keys("mamba")
+    assert wait_for(lambda: sorted(shown()) == ["mamba"])
+    browser.find_element(By.ID, "search").clear()
+    browser.find_element(By.ID, "search").send_keys("fill-mask")  # by task too
+    assert wait_for(lambda: sorted(shown()) == ["bert"])
     browser.find_element(By.ID, "search").clear()
     browser.find_element(By.ID, "search").send_keys("mamba")
     assert wait_for(lambda: sorted(shown()) == ["mamba"])

@@ -202,13 +202,18 @@ class Row:
     revision: str = field(default="main", metadata=_doc("revision asked for (branch, tag or commit)"))
     task: str = field(
         default="text-generation",
-        metadata=_doc("text-generation, image-text-to-text, feature-extraction or sentence-similarity", label="Task"),
+        metadata=_doc(
+            "the task row that checked it (tasks/table.py, docs/tasks.md), as the catalog's task: names it: "
+            "text-generation, image-text-to-text, text-to-image, automatic-speech-recognition, a forward task "
+            "(text-classification, fill-mask, object-detection, ...)",
+            label="Task",
+        ),
     )
     source: str = field(
         default="catalog",
         metadata=_doc(
             "catalog, cli (--model ID), local (--model ./dir), test (a user's test: see the test column) or census "
-            "(benchmarks/census.py: one tiny random model per architecture)"
+            "(benchmarks/census.py: one tiny random model per architecture and task)"
         ),
     )
     test: str = field(

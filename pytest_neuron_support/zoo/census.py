@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import hashlib
 import importlib
 import itertools
@@ -37,6 +38,7 @@ from pytest_neuron_support.zoo.spec import (
     _CHAT_TEMPLATE,
     _EOS,
     _EXTRA_LINES,
+    _FORWARD_TRAIN,
     _HEAD_DIM,
     _HEADS,
     _HIDDEN,
@@ -81,6 +83,15 @@ _EXPERT_INTER = 32
 _WINDOW = 32
 _IMAGE_SIZE = 32
 _PATCH = 8
+#: An image processor's sizes the census sets to :data:`_MEDIA_IMAGE_SIZE` wherever its defaults have them (224 x 224,
+#: a 384 shortest edge, DETR's 800 / 1333): run.py's test card reaches the tiny model at the size its config has.
+_IMAGE_SIZE_FIELDS = ("height", "width", "shortest_edge", "longest_edge")
+#: The image size of the tasks other than text generation: 64 pixels, not the multimodal towers' 32, so a
+#: convolutional backbone's four stride-2 stages after its stride-4 stem still have pixels left (at 32 ConvNeXt's
+#: last downsampling kernel is larger than its input).
+_MEDIA_IMAGE_SIZE = 64
+#: Which of an architecture's image processors the census takes: the PIL one (torchvision is not a dependency).
+_IMAGE_BACKEND = "pil"
 
 
 def _rule(value: int, *names: str) -> dict[str, int]:
@@ -303,6 +314,19 @@ _CHOSEN_FROM: Mapping[str, str] = {"default_language": "languages"}
 #: are only causal with is_decoder set.
 _FLAGS: Mapping[str, bool] = {"is_decoder": True}
 
+#: Rules the tasks other than text generation add (text generation's census predates them and keeps its models):
+#: hierarchical vision backbones (ConvNeXt, Swin, SegFormer, ResNet) get every stage's width small and one block a
+#: stage, a dense-prediction neck (DPT's) small widths.
+_VISION_RULES: Mapping[str, int] = {
+    **_rule(2 * _HEAD_DIM, "hidden_sizes", "neck_hidden_sizes", "embed_dim", "fusion_hidden_size"),
+    "depths": 1,
+    "image_size": _MEDIA_IMAGE_SIZE,
+}
+
+#: Fields a backbone config derives from its depth (``stage_names``, and which stages it outputs): left out of a
+#: shrunk config, so the config class derives them again for the stages left.
+_DERIVED_FROM_DEPTH = ("stage_names", "out_features", "out_indices")
+
 #: At most this many layers of the default stack are kept, whatever the number of layer kinds.
 _MAX_DEPTH = 8
 
@@ -318,32 +342,149 @@ _DEPTH_FIELDS = ("num_hidden_layers", "n_layer", "n_layers", "num_layers", "deco
 _INDEX_LIST = re.compile(r"(layer|idx|ids|indices|indexes)", re.IGNORECASE)
 
 
-def _census_seed(model_type: str) -> int:
+def _census_seed(repo_id: str) -> int:
     """A seed stable across processes and Python versions (``hash()`` is salted per process)."""
-    return zlib.crc32(f"census/{model_type}".encode())
+    return zlib.crc32(repo_id.encode())
 
 
-def census_architectures() -> tuple[str, ...]:
-    """Every model_type of the installed transformers' causal-LM auto mapping, sorted."""
-    return tuple(sorted(_model_classes()))
+#: The task whose census came first: its models keep the names ``census/<model_type>``.
+TEXT_GENERATION = "text-generation"
+
+#: The preprocessor a task's model is fed through, by the input kind of its task row: run.py's own loader class.
+_TOKENIZER = "AutoTokenizer"
 
 
-def _model_classes() -> Mapping[str, str]:
-    """model_type -> causal-LM class name, from transformers' auto mapping (names only: no import)."""
-    mapping: Mapping[str, str] = importlib.import_module(
-        "transformers.models.auto.modeling_auto"
-    ).MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-    return mapping
+@dataclass(frozen=True)
+class Shrinking:
+    """How a task's configs are shrunk beyond :data:`_SIZE_RULES`: switches set where a config has them, rules
+    added, fields dropped (for the config class to derive again) when the depth is cut, and whether a default
+    timm backbone is swapped for transformers' own (``own_backbone``: DETR's default backbone is timm's ResNet-50,
+    and timm is not a dependency; its config builds transformers' ResNet instead when asked).
+    """
+
+    flags: Mapping[str, bool] = dataclasses.field(default_factory=dict)
+    rules: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    derived: tuple[str, ...] = ()
+    own_backbone: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "flags": dict(self.flags),
+            "rules": dict(self.rules),
+            "derived": list(self.derived),
+            "own_backbone": self.own_backbone,
+        }
 
 
-def _census_fingerprint() -> str:
+#: Text generation's shrinking: causal with ``is_decoder``, nothing else.
+_CAUSAL = Shrinking(_FLAGS)
+#: Every other task's: the vision rules, backbone stages derived again, transformers' own backbones.
+_FORWARD = Shrinking({}, _VISION_RULES, _DERIVED_FROM_DEPTH, own_backbone=True)
+
+
+@dataclass(frozen=True)
+class CensusTask:
+    """What the census builds for one task: the task row's Auto class and registry, and how its inputs are made.
+
+    Attributes:
+        name: the task row's name (tasks/table.py).
+        auto_class: the transformers Auto class the row loads its model with.
+        registry: transformers' mapping of the architectures it maps for the task (``MODEL_FOR_..._NAMES``).
+        pipeline_tag: the Hub's pipeline tag, for the model card.
+        inputs: ``prompt`` (the zoo tokenizer's prompt ids: a causal LM's forward), or the forward row's kind of
+            input (``text``, ``image``, ``audio``), fed as run.py feeds it (its own ``forward_batch``).
+        preprocessor: the Auto class run.py loads the preprocessor with (``AutoTokenizer`` for text).
+        output: the output the forward pass is checked on (finite, and the same after the reload).
+        shrinking: how its configs are shrunk beyond the common rules (:class:`Shrinking`): a causal LM's
+            ``is_decoder`` (encoder families mapped as causal LMs are only causal with it); the other tasks'
+            offline backbones and vision rules.
+    """
+
+    name: str
+    auto_class: str
+    registry: str
+    pipeline_tag: str
+    inputs: str
+    preprocessor: str
+    output: str
+    shrinking: Shrinking
+
+    def repo_id(self, model_type: str) -> str:
+        """Where its model of ``model_type`` is installed: ``census/<model_type>`` for text generation (as
+        before the census had tasks), ``census-<task>/<model_type>`` for the others."""
+        org = CENSUS_ORG if self.name == TEXT_GENERATION else f"{CENSUS_ORG}-{self.name}"
+        return f"{org}/{model_type}"
+
+
+def census_tasks() -> Mapping[str, CensusTask]:
+    """Every task the census builds, by name: text generation, and each forward task row (tasks/table.py) with a
+    registry of its own, in the table's order. Other rows are left out (docs/census.md says why): their
+    generation paths need each architecture's own processor (image-text-to-text, speech and encoder-decoder
+    generation), diffusers pipelines (text-to-image) or share another row's registry (zero-shot classification)."""
+    # Imported here: the task table imports the run machinery, which the rest of this module does not need.
+    from pytest_neuron_support.tasks.forward import ForwardTask
+    from pytest_neuron_support.tasks.table import TASKS
+
+    tasks = {
+        TEXT_GENERATION: CensusTask(
+            TEXT_GENERATION,
+            "AutoModelForCausalLM",
+            "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",
+            TEXT_GENERATION,
+            "prompt",
+            _TOKENIZER,
+            "logits",
+            _CAUSAL,
+        )
+    }
+    for task in TASKS.values():
+        if isinstance(task, ForwardTask) and task.registry is not None:
+            reading = task.reading
+            tasks[task.name] = CensusTask(
+                task.name,
+                task.auto_class,
+                task.registry[1],
+                task.pipeline_tag,
+                reading.inputs,
+                reading.preprocessor or _TOKENIZER,
+                reading.output,
+                _FORWARD,
+            )
+    return tasks
+
+
+def census_task(name: str) -> CensusTask:
+    """The census's row for task ``name``; a ValueError naming the tasks it has for any other."""
+    tasks = census_tasks()
+    if name not in tasks:
+        raise ValueError(f"the census has no task {name!r}: one of {', '.join(tasks)}")
+    return tasks[name]
+
+
+def census_architectures(task: str = TEXT_GENERATION) -> tuple[str, ...]:
+    """Every model_type of the installed transformers' registry for ``task`` (the causal-LM mapping for text
+    generation), sorted."""
+    return tuple(sorted(_model_classes(census_task(task))))
+
+
+def _model_classes(task: CensusTask) -> Mapping[str, str]:
+    """model_type -> the task's class name, from transformers' auto mapping (names only: no import); a value
+    naming several heads (DeiT's two image classifiers) is read as all of them."""
+    mapping: Mapping[str, str | tuple[str, ...]] = getattr(
+        importlib.import_module("transformers.models.auto.modeling_auto"), task.registry
+    )
+    return {k: v if isinstance(v, str) else " / ".join(v) for k, v in mapping.items()}
+
+
+def _census_fingerprint(task: CensusTask) -> str:
     """Short hash of what a census model depends on: this module's rules and :data:`CENSUS_VERSION`,
     the transformers and torch versions that define and save the architectures, and the zoo
-    tokenizer's definition (its vocabulary size is every model's vocab_size)."""
+    tokenizer's definition (its vocabulary size is every model's vocab_size); for a task other than text
+    generation also the task's row (its class, inputs and preprocessor) and the size images are resized to."""
     import torch
 
     transformers = _transformers()
-    spec = {
+    spec: dict[str, Any] = {
         "census": CENSUS_VERSION,
         "rules": dict(_SIZE_RULES),
         "never_raised": sorted(_NEVER_RAISED),
@@ -363,6 +504,11 @@ def _census_fingerprint() -> str:
         "special_tokens": list(_SPECIAL_TOKENS),
         "chat_template": _CHAT_TEMPLATE,
     }
+    if task.name != TEXT_GENERATION:
+        # Text generation's fingerprint stays what it was before the census had tasks: its models are reused.
+        spec["task"] = {**dataclasses.asdict(task), "shrinking": task.shrinking.to_json()}
+        spec["media"] = {"image_size": _MEDIA_IMAGE_SIZE, "sizes": list(_IMAGE_SIZE_FIELDS), "backend": _IMAGE_BACKEND}
+        spec["mask_token"] = _FORWARD_TRAIN["mask_token"]
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -490,20 +636,27 @@ def _is_layer_map_of_fields(value: Any) -> bool:
 
 
 def _shrink_dict(
-    d: dict[str, Any], config_class: type, vocab_size: int, ids: Mapping[str, int], per_kind: int
+    d: dict[str, Any],
+    config_class: type,
+    vocab_size: int,
+    ids: Mapping[str, int],
+    per_kind: int,
+    shrinking: Shrinking,
 ) -> dict[str, Any]:
     """Shrink one config's own fields in place (its sub-configs are shrunk by the caller, each with
     its own class) and return it."""
     aliases = _aliases(config_class)
-    rules: dict[str, int] = {**{real: _SIZE_RULES[alias] for alias, real in aliases.items()}, **_SIZE_RULES}
+    common = {**_SIZE_RULES, **shrinking.rules}
+    rules: dict[str, int] = {**{real: common[alias] for alias, real in aliases.items() if alias in common}, **common}
     depth_field = next(
         (f for f in (aliases.get("num_hidden_layers", "num_hidden_layers"), *_DEPTH_FIELDS) if _is_int(d.get(f))),
         None,
     )
     width = d.get(aliases.get("hidden_size", "hidden_size"))
     new_depth = _LAYERS
-    if depth_field is not None and d[depth_field] > _LAYERS:
-        depth = d[depth_field]
+    depth = d[depth_field] if depth_field is not None else 0
+    cut = depth > _LAYERS
+    if cut:
         keep = _layer_selection(d, depth, per_kind)
         _select_layers(d, depth, keep)
         new_depth = len(keep)
@@ -516,9 +669,11 @@ def _shrink_dict(
     for key, choices in _CHOSEN_FROM.items():
         if key in d and d[key] is None and isinstance(d.get(choices), list) and d[choices]:
             d[key] = d[choices][0]
-    for key, flag in _FLAGS.items():
+    for key, flag in shrinking.flags.items():
         if isinstance(d.get(key), bool):
             d[key] = flag
+    for key in shrinking.derived if cut else ():
+        d.pop(key, None)
     # The zoo tokenizer's vocabulary and special tokens, under whatever name the config keeps them
     # (xlm's n_words is an alias of vocab_size); a None pad becomes the tokenizer's pad.
     attribute_map: Mapping[str, str] = getattr(config_class, "attribute_map", {}) or {}
@@ -535,23 +690,33 @@ def _shrink_dict(
     return d
 
 
-def _shrunk_config(model_type: str, vocab_size: int, ids: Mapping[str, int], per_kind: int = 1) -> Any:
+def _shrunk_config(
+    model_type: str, vocab_size: int, ids: Mapping[str, int], per_kind: int = 1, shrinking: Shrinking = _CAUSAL
+) -> Any:
     """The default config of ``model_type``, shrunk by the rules, its sub-configs (text, vision,
     audio, ...) likewise, rebuilt through the config class so its own validation runs.  ``per_kind``:
-    how many layers of each layer kind to keep."""
-    default = _transformers().AutoConfig.for_model(model_type)
-    return _shrink_config_object(default, vocab_size, ids, per_kind)
+    how many layers of each layer kind to keep; ``shrinking``: the task's own (:attr:`CensusTask.shrinking`)."""
+    auto = _transformers().AutoConfig
+    default = auto.for_model(model_type)
+    if (
+        shrinking.own_backbone
+        and getattr(getattr(default, "backbone_config", None), "model_type", "") == "timm_backbone"
+    ):
+        default = auto.for_model(model_type, use_timm_backbone=False)
+    return _shrink_config_object(default, vocab_size, ids, per_kind, shrinking)
 
 
-def _shrink_config_object(config: Any, vocab_size: int, ids: Mapping[str, int], per_kind: int) -> Any:
+def _shrink_config_object(
+    config: Any, vocab_size: int, ids: Mapping[str, int], per_kind: int, shrinking: Shrinking
+) -> Any:
     pretrained_config = _transformers().PretrainedConfig
     d: dict[str, Any] = copy.deepcopy(config.to_dict())
     # vars(), not getattr(): a config with per-layer overrides (gemma4) refuses to read per-layer
     # fields globally.
     for key, sub in vars(config).items():
         if key in d and isinstance(sub, pretrained_config):
-            d[key] = _shrink_config_object(sub, vocab_size, ids, per_kind).to_dict()
-    d = _shrink_dict(d, type(config), vocab_size, ids, per_kind)
+            d[key] = _shrink_config_object(sub, vocab_size, ids, per_kind, shrinking).to_dict()
+    d = _shrink_dict(d, type(config), vocab_size, ids, per_kind, shrinking)
     return type(config).from_dict(d)
 
 
@@ -567,11 +732,12 @@ class CensusBuild:
     Attributes:
         model_type: the transformers ``model_type``.
         repo_id: ``census/<model_type>`` when built (installed in the cache), None when not.
-        model_class: the causal-LM mapping's class name for it, e.g. ``LlamaForCausalLM``.
+        model_class: the task registry's class name for it, e.g. ``LlamaForCausalLM``.
         parameters: the shrunk model's parameter count (None when it never got that far).
-        step: where the build failed: ``config``, ``model``, ``forward``, ``save`` or ``load``; None
-            when built.
+        step: where the build failed: ``preprocessor``, ``config``, ``model``, ``forward``, ``save`` or
+            ``load``; None when built.
         error: ``"ExcType: first line of the message"`` (at most ~300 characters); None when built.
+        task: the task it was built for (:func:`census_tasks`).
     """
 
     model_type: str
@@ -580,6 +746,7 @@ class CensusBuild:
     parameters: int | None
     step: str | None
     error: str | None
+    task: str = TEXT_GENERATION
 
 
 class _StepFailed(Exception):
@@ -620,50 +787,121 @@ def _prompt_ids(tokenizer: _HFTokenizer) -> Any:
     return torch.tensor([[int(tokenizer.convert_tokens_to_ids(_BOS)), *ids]])
 
 
-def _logits(model: Any, input_ids: Any) -> Any:
+def _output(model: Any, batch: Mapping[str, Any], name: str) -> Any:
+    """The model's output ``name`` for ``batch`` (its first output where it has no such attribute), as float32."""
     import torch
 
     with torch.no_grad():
-        out = model(input_ids=input_ids, use_cache=False)
-    logits = out.logits if hasattr(out, "logits") else out[0]
-    return logits.float()
+        out = model(**batch)
+    value = getattr(out, name, None)
+    if value is None:
+        value = out[0]
+    return value.float()
 
 
-def _count_parameters(config: Any) -> int:
-    """The parameter count of ``config``'s causal LM, from an instance on the meta device: nothing is
+def _count_parameters(task: CensusTask, config: Any) -> int:
+    """The parameter count of ``config``'s model for ``task``, from an instance on the meta device: nothing is
     allocated, so a config the rules failed to shrink cannot take the machine's memory."""
     import torch
 
-    transformers = _transformers()
-
     with torch.device("meta"):
-        model = transformers.AutoModelForCausalLM.from_config(config)
+        model = getattr(_transformers(), task.auto_class).from_config(config)
     return sum(p.numel() for p in model.parameters())
 
 
-def _model_card(model_type: str, model_class: str, config: Any, parameters: int, fingerprint: str) -> str:
+def _media_preprocessor(task: CensusTask, model_type: str, tokenizer: Any) -> Any:
+    """The architecture's own image processor or feature extractor, as transformers maps it to ``model_type``,
+    with its defaults (an image processor's sizes set to :data:`_MEDIA_IMAGE_SIZE`); with ``tokenizer`` beside it in
+    the architecture's processor where the task loads an ``AutoProcessor`` (a CLIP-style model takes both)."""
+    auto = importlib.import_module("transformers.models.auto")
+    transformers = _transformers()
+    if task.inputs == "image":
+        backends: Mapping[str, str] = auto.image_processing_auto.IMAGE_PROCESSOR_MAPPING_NAMES.get(model_type) or {}
+        name = backends.get(_IMAGE_BACKEND) or next(iter(backends.values()), None)
+    else:
+        name = auto.feature_extraction_auto.FEATURE_EXTRACTOR_MAPPING_NAMES.get(model_type)
+    if name is None:
+        raise ValueError(f"transformers maps no {task.inputs} preprocessor to {model_type!r}")
+    made = getattr(transformers, name)()
+    sizes = {}
+    for attribute in ("size", "crop_size"):
+        default = getattr(made, attribute, None)
+        fields = {k: _MEDIA_IMAGE_SIZE for k in _IMAGE_SIZE_FIELDS if getattr(default, k, None) is not None}
+        if fields:
+            sizes[attribute] = fields
+    if sizes:
+        made = getattr(transformers, name)(**sizes)
+    if task.preprocessor != "AutoProcessor":
+        return made
+    processor = auto.processing_auto.PROCESSOR_MAPPING_NAMES.get(model_type)
+    if processor is None:
+        raise ValueError(f"transformers maps no processor to {model_type!r}")
+    kind = "feature_extractor" if task.inputs == "audio" else "image_processor"
+    return getattr(transformers, processor)(**{kind: made}, tokenizer=tokenizer)
+
+
+def _inputs(
+    task: CensusTask, model_type: str, tokenizer: _HFTokenizer, tokenizer_dir: Path, out_dir: Path
+) -> tuple[dict[str, Any], int]:
+    """What the model of ``task`` is fed, and the vocabulary size its config takes; its preprocessor's files are
+    saved into ``out_dir`` as a Hub repo ships them. A causal LM: the zoo tokenizer's prompt. A forward task:
+    run.py's own inputs (its template's ``forward_batch``, so exactly what every run of the row feeds), made by the
+    preprocessor loaded back from ``out_dir`` with the row's loader, as run.py loads it."""
+    import torch
+
+    from pytest_neuron_support.tasks.table import task_of
+    from pytest_neuron_support.zoo.forward import _forward_tokenizer, _run_batch
+
+    if task.inputs == "prompt":
+        for f in tokenizer_dir.iterdir():
+            shutil.copyfile(f, out_dir / f.name)
+        return {"input_ids": _prompt_ids(tokenizer), "use_cache": False}, len(tokenizer)
+    # The zoo tokenizer with a mask token and RoBERTa's framing: the text rows' (and a CLIP text tower's) tokenizer.
+    text = (
+        _forward_tokenizer(tokenizer_dir, out_dir)
+        if task.inputs == "text" or task.preprocessor == "AutoProcessor"
+        else None
+    )
+    if task.inputs != "text":
+        _media_preprocessor(task, model_type, text).save_pretrained(out_dir)
+    loaded = getattr(_transformers(), task.preprocessor).from_pretrained(str(out_dir))
+    batch, _ = _run_batch(torch, task_of(task.name), loaded)
+    return dict(batch), len(text) if text is not None else len(tokenizer)
+
+
+def _model_card(
+    task: CensusTask, model_type: str, model_class: str, config: Any, parameters: int, fingerprint: str
+) -> str:
     version = _transformers().__version__
+    inputs = (
+        "the zoo tokenizer's vocabulary"
+        if task.inputs == "prompt"
+        else f"run.py's {task.inputs} inputs for `{task.name}` through transformers' {task.preprocessor} for it"
+    )
     return (
         "---\n"
         "library_name: transformers\n"
-        "pipeline_tag: text-generation\n"
+        f"pipeline_tag: {task.pipeline_tag}\n"
         f"tags: [tiny-random, test, census, {model_type}]\n"
         f"census_fingerprint: {fingerprint}\n"
         f"census_model_class: {model_class}\n"
         f"census_parameters: {parameters}\n"
+        f"census_task: {task.name}\n"
         "---\n\n"
-        f"# {CENSUS_ORG}/{model_type}\n\n"
+        f"# {task.repo_id(model_type)}\n\n"
         "Random weights, built offline by the census (`pytest_neuron_support.zoo.census`) from\n"
         f"transformers {version}'s default `{type(config).__name__}` shrunk: width {_HIDDEN}, MLP {_INTER},\n"
-        f"{_HEADS} heads of {_HEAD_DIM}, {_LAYERS} layers or one of each layer kind, 4 experts, the zoo tokenizer's\n"
-        f"vocabulary. A `{model_class}` of {parameters:,} parameters.\n\n"
-        "Not a language model: it shows that the architecture builds, runs, saves and loads, nothing more.\n"
+        f"{_HEADS} heads of {_HEAD_DIM}, {_LAYERS} layers or one of each layer kind, 4 experts, {inputs}.\n"
+        f"A `{model_class}` of {parameters:,} parameters.\n\n"
+        "Not a trained model: it shows that the architecture builds, runs, saves and loads, nothing more.\n"
     )
 
 
-def _checked_model(model_type: str, tokenizer: _HFTokenizer, input_ids: Any) -> tuple[Any, Any, Any, int]:
-    """The shrunk config, its random-initialised model (float32, the architecture's own seed), the
-    logits of one forward pass and the parameter count; raises :class:`_StepFailed`.
+def _checked_model(
+    task: CensusTask, model_type: str, ids: Mapping[str, int], vocab_size: int, batch: Mapping[str, Any]
+) -> tuple[Any, Any, Any, int]:
+    """The shrunk config, its random-initialised model (float32, the architecture's own seed), its output for
+    ``batch`` and the parameter count; raises :class:`_StepFailed`.
 
     Keeping one layer of each kind is tried first; where that fails, two of each (zamba ties the
     weights of its hybrid layers together, which takes at least two of them).  The first failure is
@@ -673,40 +911,39 @@ def _checked_model(model_type: str, tokenizer: _HFTokenizer, input_ids: Any) -> 
     for per_kind in (1, 2):
         try:
             with _step("config"):
-                config = _shrunk_config(model_type, len(tokenizer), _token_ids(tokenizer), per_kind)
+                config = _shrunk_config(model_type, vocab_size, ids, per_kind, task.shrinking)
                 shape = config.to_dict()
             if shape == previous:
                 break  # keeping more layers changed nothing: it would fail the same way
             previous = shape
-            return (config, *_instantiate(model_type, config, input_ids))
+            return (config, *_instantiate(task, model_type, config, batch))
         except _StepFailed as failed:
             first = first or failed
     assert first is not None
     raise first
 
 
-def _instantiate(model_type: str, config: Any, input_ids: Any) -> tuple[Any, Any, int]:
+def _instantiate(task: CensusTask, model_type: str, config: Any, batch: Mapping[str, Any]) -> tuple[Any, Any, int]:
     import torch
 
-    transformers = _transformers()
-
     with _step("model"):
-        parameters = _count_parameters(config)
+        parameters = _count_parameters(task, config)
     if parameters > _MAX_PARAMETERS:
         raise _StepFailed("model", f"too large after shrinking: {parameters} params", parameters)
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(_census_seed(model_type))
+        torch.manual_seed(_census_seed(task.repo_id(model_type)))
         with _step("model", parameters):
-            model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+            model = getattr(_transformers(), task.auto_class).from_config(config, dtype=torch.float32)
             model.eval()
         with _step("forward", parameters):
-            logits = _logits(model, input_ids)
-            if not bool(torch.isfinite(logits).all()):
-                raise ValueError("the forward pass gave non-finite logits")
-    return model, logits, parameters
+            output = _output(model, batch, task.output)
+            if not bool(torch.isfinite(output).all()):
+                raise ValueError(f"the forward pass gave non-finite {task.output}")
+    return model, output, parameters
 
 
 def _build_one(
+    task: CensusTask,
     model_type: str,
     model_class: str,
     tokenizer: _HFTokenizer,
@@ -715,44 +952,48 @@ def _build_one(
     fingerprint: str,
     work_dir: Path,
 ) -> int:
-    """Build, check, save and install one architecture; returns its parameter count or raises
-    :class:`_StepFailed` (and then leaves no ``census/<model_type>`` in the cache)."""
+    """Build, check, save and install one architecture's model for ``task``; returns its parameter count or
+    raises :class:`_StepFailed` (and then leaves nothing of it in the cache)."""
     import torch
 
     transformers = _transformers()
 
     ids = _token_ids(tokenizer)
-    input_ids = _prompt_ids(tokenizer)
-    config, model, logits, parameters = _checked_model(model_type, tokenizer, input_ids)
-    out_dir = work_dir / model_type
-    with _step("save", parameters):
-        model.save_pretrained(str(out_dir))
-        for f in tokenizer_dir.iterdir():
-            shutil.copyfile(f, out_dir / f.name)
-        # The model class's own generation defaults (minus transformers' bookkeeping), made greedy
-        # and given the zoo tokenizer's special tokens.
-        defaults = model.generation_config.to_diff_dict()
-        generation = {
-            **{k: v for k, v in defaults.items() if not k.startswith("_")},
-            "bos_token_id": ids[_BOS],
-            "do_sample": False,
-            "eos_token_id": [ids[_EOS], ids[_IM_END]],
-            "pad_token_id": ids[_PAD],
-        }
-        write_atomic(out_dir / "generation_config.json", json.dumps(generation, indent=2, sort_keys=True) + "\n")
-        write_atomic(out_dir / "README.md", _model_card(model_type, model_class, config, parameters, fingerprint))
-        repo_id = f"{CENSUS_ORG}/{model_type}"
-        snapshot = install_snapshot(cache_dir, repo_id, out_dir)
-    del model
+    out_dir = work_dir / task.name / model_type
+    out_dir.mkdir(parents=True)
+    repo_id = task.repo_id(model_type)
     try:
+        with _step("preprocessor"):
+            batch, vocab_size = _inputs(task, model_type, tokenizer, tokenizer_dir, out_dir)
+        config, model, output, parameters = _checked_model(task, model_type, ids, vocab_size, batch)
+        with _step("save", parameters):
+            model.save_pretrained(str(out_dir))
+            if task.inputs == "prompt":
+                # The model class's own generation defaults (minus transformers' bookkeeping), made greedy
+                # and given the zoo tokenizer's special tokens.
+                defaults = model.generation_config.to_diff_dict()
+                generation = {
+                    **{k: v for k, v in defaults.items() if not k.startswith("_")},
+                    "bos_token_id": ids[_BOS],
+                    "do_sample": False,
+                    "eos_token_id": [ids[_EOS], ids[_IM_END]],
+                    "pad_token_id": ids[_PAD],
+                }
+                write_atomic(
+                    out_dir / "generation_config.json", json.dumps(generation, indent=2, sort_keys=True) + "\n"
+                )
+            card = _model_card(task, model_type, model_class, config, parameters, fingerprint)
+            write_atomic(out_dir / "README.md", card)
+            snapshot = install_snapshot(cache_dir, repo_id, out_dir)
+        del model
         with _step("load", parameters):
-            reloaded = transformers.AutoModelForCausalLM.from_pretrained(str(snapshot), dtype=torch.float32)
+            reloaded = getattr(transformers, task.auto_class).from_pretrained(str(snapshot), dtype=torch.float32)
             reloaded.eval()
-            again = _logits(reloaded, input_ids)
-            if again.shape != logits.shape or not torch.allclose(again, logits, atol=1e-4, rtol=1e-4):
-                diff = (again - logits).abs().max().item() if again.shape == logits.shape else "shape"
-                raise ValueError(f"the reloaded model's logits differ from the built one's (max |diff| {diff})")
-            transformers.AutoTokenizer.from_pretrained(str(snapshot))
+            again = _output(reloaded, batch, task.output)
+            if again.shape != output.shape or not torch.allclose(again, output, atol=1e-4, rtol=1e-4):
+                diff = (again - output).abs().max().item() if again.shape == output.shape else "shape"
+                raise ValueError(f"the reloaded model's {task.output} differ from the built one's (max |diff| {diff})")
+            getattr(transformers, task.preprocessor).from_pretrained(str(snapshot))
     except _StepFailed:
         # Not left installed: a later call would take it for a good census model and reuse it.
         shutil.rmtree(_repo_dir(cache_dir, repo_id), ignore_errors=True)
@@ -797,24 +1038,25 @@ def build_census(
     cache_dir: Path,
     model_types: Sequence[str] | None = None,
     *,
+    task: str = TEXT_GENERATION,
     progress: Callable[[CensusBuild], None] | None = None,
 ) -> list[CensusBuild]:
-    """Build (or reuse, when already installed with the same fingerprint) each architecture's tiny model
-    into cache_dir; one CensusBuild per model_type in order; never raises for one architecture's failure.
+    """Build (or reuse, when already installed with the same fingerprint) each architecture's tiny model for
+    ``task`` into cache_dir; one CensusBuild per model_type in order; never raises for one architecture's failure.
 
-    ``model_types`` defaults to :func:`census_architectures`; an unknown one is reported as failing at
-    the ``config`` step.  ``progress`` is called with each result as it is known.  Builds run one at a
-    time on one thread, offline, under a lock in ``<cache_dir>/.locks``; the zoo tokenizer is trained
-    once per call, and only if something is left to build.  Failures are not cached (they are cheap to
-    find again); an architecture that fails leaves no ``census/<model_type>`` in the cache, not even
-    one an earlier fingerprint built.
+    ``model_types`` defaults to :func:`census_architectures` of the task; one the task's registry does not map is
+    reported as failing at the ``config`` step.  ``progress`` is called with each result as it is known.  Builds
+    run one at a time on one thread, offline, under a lock in ``<cache_dir>/.locks``; the zoo tokenizer is trained
+    once per call, and only if something is left to build.  Failures are not cached (they are cheap to find
+    again); an architecture that fails leaves no model in the cache, not even one an earlier fingerprint built.
     """
     from filelock import FileLock
 
     cache_dir = Path(cache_dir)
-    wanted = list(census_architectures() if model_types is None else model_types)
-    classes = _model_classes()
-    fingerprint = _census_fingerprint()
+    target = census_task(task)
+    wanted = list(census_architectures(task) if model_types is None else model_types)
+    classes = _model_classes(target)
+    fingerprint = _census_fingerprint(target)
     results: list[CensusBuild] = []
     (cache_dir / ".locks").mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as stack:
@@ -823,26 +1065,29 @@ def build_census(
         stack.enter_context(FileLock(str(cache_dir / ".locks" / "census.lock")))
         tools: tuple[_HFTokenizer, Path, Path] | None = None
         for model_type in wanted:
-            repo_id = f"{CENSUS_ORG}/{model_type}"
+            repo_id = target.repo_id(model_type)
             model_class = classes.get(model_type, "")
             card = _installed_card(cache_dir, repo_id)
             if card.get("census_fingerprint") == fingerprint and card.get("census_parameters", "").isdigit():
-                result = CensusBuild(model_type, repo_id, model_class, int(card["census_parameters"]), None, None)
+                parameters = int(card["census_parameters"])
+                result = CensusBuild(model_type, repo_id, model_class, parameters, None, None, task)
             elif not model_class:
-                error = f"KeyError: {model_type!r} is not a model_type of the causal-LM mapping"
-                result = CensusBuild(model_type, None, "", None, "config", error)
+                error = f"KeyError: {model_type!r} is not a model_type of {target.registry}"
+                result = CensusBuild(model_type, None, "", None, "config", error, task)
             else:
                 if tools is None:
                     tools = _enter_build(stack)
                 tokenizer, tokenizer_dir, work_dir = tools
                 try:
                     parameters = _build_one(
-                        model_type, model_class, tokenizer, tokenizer_dir, cache_dir, fingerprint, work_dir
+                        target, model_type, model_class, tokenizer, tokenizer_dir, cache_dir, fingerprint, work_dir
                     )
-                    result = CensusBuild(model_type, repo_id, model_class, parameters, None, None)
+                    result = CensusBuild(model_type, repo_id, model_class, parameters, None, None, task)
                 except Exception as exc:  # one architecture's failure, whatever it is, must not stop the census
                     failed = exc if isinstance(exc, _StepFailed) else _StepFailed("model", _describe(exc))
-                    result = CensusBuild(model_type, None, model_class, failed.parameters, failed.step, failed.error)
+                    result = CensusBuild(
+                        model_type, None, model_class, failed.parameters, failed.step, failed.error, task
+                    )
                     # A census model from an older fingerprint that no longer builds is not left behind.
                     shutil.rmtree(_repo_dir(cache_dir, repo_id), ignore_errors=True)
             results.append(result)
