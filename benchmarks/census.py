@@ -1,7 +1,7 @@
-"""The compile-readiness census: every architecture of every task the suite has a row for (text generation and
-each forward task: classification, fill-mask, image features, detection, segmentation, depth, audio, CTC), as a
-tiny random model, through the same run.py on CPU: the compiled static-cache ``generate()`` of a causal LM, the
-compiled forward pass of the others.
+"""The compile-readiness census: every architecture of every task the suite has a row for (text generation,
+encoder-decoder generation and each forward task: classification, fill-mask, image features, detection,
+segmentation, depth, audio, CTC), as a tiny random model, through the same run.py on CPU: the compiled
+static-cache ``generate()`` of a causal LM or an encoder-decoder, the compiled forward pass of the others.
 
 Whether an architecture's decoding step traces into one static graph, breaks the graph, recompiles
 every step or falls back to eager is decided by Dynamo and transformers' modeling code before any
@@ -56,11 +56,12 @@ from pytest_neuron_support.zoo.census import (
 REPO = Path(__file__).resolve().parent.parent
 
 #: CI's fixed sample, by task: a dense Llama-style decoder, GPT-2's learned positions, a sparse MoE, Gemma 3's
-#: hybrid sliding-window attention (it recompiles: transformers #44609) and a state-space model; then one
-#: architecture of each forward task family: text (BERT's sequence classifier), vision (ViT's image classifier)
-#: and audio (wav2vec2's CTC head).
+#: hybrid sliding-window attention (it recompiles: transformers #44609) and a state-space model; T5's
+#: encoder-decoder; then one architecture of each forward task family: text (BERT's sequence classifier), vision
+#: (ViT's image classifier) and audio (wav2vec2's CTC head).
 SAMPLE: dict[str, tuple[str, ...]] = {
     TEXT_GENERATION: ("gemma3_text", "gpt2", "llama", "mamba", "qwen3_moe"),
+    "text2text-generation": ("t5",),
     "text-classification": ("bert",),
     "image-classification": ("vit",),
     "automatic-speech-recognition-ctc": ("wav2vec2",),
@@ -173,7 +174,7 @@ def table(rows: Sequence[Row], builds: Sequence[CensusBuild]) -> str:
 
 def _task_section(task: str, swept: Sequence[Row], builds: Sequence[CensusBuild]) -> list[str]:
     """One task's part of census.md: its counts in a sentence, then one line per architecture swept."""
-    generates = task == TEXT_GENERATION
+    generates = census_tasks()[task].generates
     single = [r for r in swept if one_graph(r)]
     limited = [r for r in swept if r.recompile_limit is not None]
     broken = [r for r in swept if r.graph_breaks]

@@ -1,8 +1,8 @@
 """The compile-readiness census (``benchmarks/census.py``) on CI's fixed sample (five text-generation
-architectures and one of each forward task family: text, vision, audio): built offline, swept by the plugin
-through the same run.py on CPU, written as a dataset of ``source: census`` rows that pandas reads back,
-tabulated per task in ``census.md``, and continued by ``--resume`` without running anything twice. The
-whole census is a benchmark run (benchmarks/README.md); its table is in docs/census.md."""
+architectures, T5's encoder-decoder and one of each forward task family: text, vision, audio): built offline,
+swept by the plugin through the same run.py on CPU, written as a dataset of ``source: census`` rows that pandas
+reads back, tabulated per task in ``census.md``, and continued by ``--resume`` without running anything twice.
+The whole census is a benchmark run (benchmarks/README.md); its table is in docs/census.md."""
 
 from __future__ import annotations
 
@@ -45,6 +45,7 @@ def test_the_census_sample_sweeps_every_task_family_into_census_rows_and_resume_
     # The plugin's own progress lines: the census is a sweep like any other.
     assert "[neuron-support] start census/llama: 1 core(s)" in done.stdout
     forward = {
+        "census-text2text-generation/t5": "text2text-generation",
         "census-text-classification/bert": "text-classification",
         "census-image-classification/vit": "image-classification",
         "census-automatic-speech-recognition-ctc/wav2vec2": "automatic-speech-recognition-ctc",
@@ -54,12 +55,14 @@ def test_the_census_sample_sweeps_every_task_family_into_census_rows_and_resume_
     every = pd.read_parquet(results / "data").set_index("model_id")
     assert sorted(every.index) == sorted([f"census/{a}" for a in sample] + list(forward))
     assert set(every.source) == {"census"} and set(every.device) == {"cpu"}
-    # Each forward task's architecture ran its own row's compiled forward pass, judged by the calibrated
-    # comparison with the CPU's, in one graph.
+    # Each other task's architecture ran its own row's run.py in one graph: T5 its compiled decoding step, judged
+    # by parity and the teacher-forced check; the forward tasks their compiled forward pass, judged by the
+    # calibrated comparison with the CPU's.
     swept = every.loc[list(forward)]
-    assert swept.task.to_dict() == forward
-    assert set(swept.verdict_basis) == {"forward-calibrated"} and set(swept.result) == {"PASS"}
+    assert swept.task.to_dict() == forward and set(swept.result) == {"PASS"}
+    assert swept.verdict_basis.to_list() == ["parity+teacher-forced"] + 3 * ["forward-calibrated"]
     assert (swept.graphs_compiled == 1).all() and (swept.graph_breaks == 0).all()
+    assert swept.positions_disagreeing.iloc[0] == 0 and swept.positions_checked.iloc[0] > 0
     rows = every[every.task == "text-generation"]
     # Compiled static-cache generate() with the teacher-forced CPU check over its tokens, every one.
     assert (rows.positions_checked > 0).all() and (rows.positions_disagreeing == 0).all()
@@ -72,7 +75,7 @@ def test_the_census_sample_sweeps_every_task_family_into_census_rows_and_resume_
     assert "**4 compile to exactly one decoding graph**" in table and "1 hit Dynamo's recompile limit" in table
     assert "| llama | PASS | 1 | 0 |" in table and "| gemma3_text | PASS |" in table
     # The count per task, then each task's own table.
-    assert "8 architectures of 4 tasks; 8 built as tiny random models, 8 swept" in table
+    assert "9 architectures of 5 tasks; 9 built as tiny random models, 9 swept" in table
     assert "| text-generation | 5 | 5 | 5 | 4 | 0 | 1 | 5 | 0 | 0 |" in table
     assert "| image-classification | 1 | 1 | 1 | 1 | 0 | 0 | 1 | 0 | 0 |" in table
     assert (
@@ -80,11 +83,12 @@ def test_the_census_sample_sweeps_every_task_family_into_census_rows_and_resume_
         and "| wav2vec2 | PASS | 1 | 0 | 0 |  | forward-calibrated |" in table
     )
     builds = json.loads((results / "builds.json").read_text())
-    assert [b["model_type"] for b in builds] == [*sample, "bert", "vit", "wav2vec2"]
-    assert [b["task"] for b in builds][-3:] == list(forward.values()) and all(b["repo_id"] for b in builds)
+    assert [b["model_type"] for b in builds] == [*sample, "t5", "bert", "vit", "wav2vec2"]
+    assert [b["task"] for b in builds][-4:] == list(forward.values()) and all(b["repo_id"] for b in builds)
+    assert "## text2text-generation" in table and "| t5 | PASS | 1 | 0 | 0 |  | agrees (" in table
 
     # --resume continues a census: the built models are reused and no architecture runs again.
     again = census(results, cache, "--sample", "--resume")
     assert again.returncode == 0, again.stdout[-4000:] + again.stderr[-4000:]
-    assert "8 skipped" in again.stdout
-    assert len(pd.read_parquet(results / "data")) == 8
+    assert "9 skipped" in again.stdout
+    assert len(pd.read_parquet(results / "data")) == 9

@@ -224,7 +224,12 @@ def test_the_census_has_text_generation_and_every_forward_task_with_a_registry_o
 
     tasks = census.census_tasks()
     forward = [t for t in TASKS.values() if isinstance(t, ForwardTask) and t.registry is not None]
-    assert list(tasks) == ["text-generation", *(t.name for t in forward)]
+    assert list(tasks) == ["text-generation", "text2text-generation", *(t.name for t in forward)]
+    seq2seq = TASKS["text2text-generation"].registry
+    assert seq2seq is not None and tasks["text2text-generation"].registry == seq2seq[1]
+    assert census_architectures("text2text-generation") == tuple(
+        sorted(getattr(importlib.import_module(seq2seq[0]), seq2seq[1]))
+    )
     for task in forward:
         mapping = getattr(importlib.import_module(task.registry[0]), task.registry[1])
         assert census_architectures(task.name) == tuple(sorted(mapping)), task.name
@@ -247,6 +252,9 @@ def test_a_forward_task_shrinks_without_the_causal_switch_and_with_its_backbone_
     convnext = census._shrunk_config("convnext", 768, ids, shrinking=census._FORWARD)
     assert convnext.depths == [1, 1, 1, 1] and convnext.hidden_sizes == [32, 32, 32, 32]
     assert census._shrunk_config("vit", 768, ids, shrinking=census._FORWARD).image_size == 64
+    # An encoder-decoder's decoder starts at the zoo tokenizer's pad (BART's default start is its eos, id 2).
+    assert census._shrunk_config("bart", 768, ids, shrinking=census._SEQ2SEQ).decoder_start_token_id == 0
+    assert census._shrunk_config("bart", 768, ids).decoder_start_token_id == 2
 
 
 FORWARD = {

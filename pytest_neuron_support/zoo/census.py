@@ -350,6 +350,9 @@ def _census_seed(repo_id: str) -> int:
 #: The task whose census came first: its models keep the names ``census/<model_type>``.
 TEXT_GENERATION = "text-generation"
 
+#: Encoder-decoder text generation (T5, BART, Marian): the prompt on the encoder side, greedy decoding.
+TEXT2TEXT = "text2text-generation"
+
 #: The preprocessor a task's model is fed through, by the input kind of its task row: run.py's own loader class.
 _TOKENIZER = "AutoTokenizer"
 
@@ -359,13 +362,15 @@ class Shrinking:
     """How a task's configs are shrunk beyond :data:`_SIZE_RULES`: switches set where a config has them, rules
     added, fields dropped (for the config class to derive again) when the depth is cut, and whether a default
     timm backbone is swapped for transformers' own (``own_backbone``: DETR's default backbone is timm's ResNet-50,
-    and timm is not a dependency; its config builds transformers' ResNet instead when asked).
+    and timm is not a dependency; its config builds transformers' ResNet instead when asked), and whether the
+    decoder starts at the zoo tokenizer's pad (``decoder_start``: an encoder-decoder's, as T5's starts at its pad).
     """
 
     flags: Mapping[str, bool] = dataclasses.field(default_factory=dict)
     rules: Mapping[str, int] = dataclasses.field(default_factory=dict)
     derived: tuple[str, ...] = ()
     own_backbone: bool = False
+    decoder_start: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -373,11 +378,14 @@ class Shrinking:
             "rules": dict(self.rules),
             "derived": list(self.derived),
             "own_backbone": self.own_backbone,
+            "decoder_start": self.decoder_start,
         }
 
 
 #: Text generation's shrinking: causal with ``is_decoder``, nothing else.
 _CAUSAL = Shrinking(_FLAGS)
+#: Encoder-decoder generation's: the decoder starts at the zoo tokenizer's pad, nothing else.
+_SEQ2SEQ = Shrinking(decoder_start=True)
 #: Every other task's: the vision rules, backbone stages derived again, transformers' own backbones.
 _FORWARD = Shrinking({}, _VISION_RULES, _DERIVED_FROM_DEPTH, own_backbone=True)
 
@@ -391,8 +399,9 @@ class CensusTask:
         auto_class: the transformers Auto class the row loads its model with.
         registry: transformers' mapping of the architectures it maps for the task (``MODEL_FOR_..._NAMES``).
         pipeline_tag: the Hub's pipeline tag, for the model card.
-        inputs: ``prompt`` (the zoo tokenizer's prompt ids: a causal LM's forward), or the forward row's kind of
-            input (``text``, ``image``, ``audio``), fed as run.py feeds it (its own ``forward_batch``).
+        inputs: ``prompt`` (the zoo tokenizer's prompt ids: a causal LM's forward), ``seq2seq`` (the prompt on the
+            encoder side, the decoder's start token on the other: an encoder-decoder's forward), or the forward
+            row's kind of input (``text``, ``image``, ``audio``), fed as run.py feeds it (its own ``forward_batch``).
         preprocessor: the Auto class run.py loads the preprocessor with (``AutoTokenizer`` for text).
         output: the output the forward pass is checked on (finite, and the same after the reload).
         shrinking: how its configs are shrunk beyond the common rules (:class:`Shrinking`): a causal LM's
@@ -409,6 +418,11 @@ class CensusTask:
     output: str
     shrinking: Shrinking
 
+    @property
+    def generates(self) -> bool:
+        """Its run.py generates (a causal LM, an encoder-decoder): its model ships greedy generation defaults."""
+        return self.inputs in ("prompt", "seq2seq")
+
     def repo_id(self, model_type: str) -> str:
         """Where its model of ``model_type`` is installed: ``census/<model_type>`` for text generation (as
         before the census had tasks), ``census-<task>/<model_type>`` for the others."""
@@ -417,10 +431,11 @@ class CensusTask:
 
 
 def census_tasks() -> Mapping[str, CensusTask]:
-    """Every task the census builds, by name: text generation, and each forward task row (tasks/table.py) with a
-    registry of its own, in the table's order. Other rows are left out (docs/census.md says why): their
-    generation paths need each architecture's own processor (image-text-to-text, speech and encoder-decoder
-    generation), diffusers pipelines (text-to-image) or share another row's registry (zero-shot classification)."""
+    """Every task the census builds, by name: text generation, encoder-decoder text generation, and each forward
+    task row (tasks/table.py) with a registry of its own, in the table's order. Other rows are left out
+    (docs/census.md says why): their generation paths need each architecture's own processor (image-text-to-text,
+    Whisper-style speech recognition), diffusers pipelines (text-to-image) or share another row's registry
+    (zero-shot classification)."""
     # Imported here: the task table imports the run machinery, which the rest of this module does not need.
     from pytest_neuron_support.tasks.forward import ForwardTask
     from pytest_neuron_support.tasks.table import TASKS
@@ -435,7 +450,17 @@ def census_tasks() -> Mapping[str, CensusTask]:
             _TOKENIZER,
             "logits",
             _CAUSAL,
-        )
+        ),
+        TEXT2TEXT: CensusTask(
+            TEXT2TEXT,
+            "AutoModelForSeq2SeqLM",
+            "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES",
+            TEXT2TEXT,
+            "seq2seq",
+            _TOKENIZER,
+            "logits",
+            _SEQ2SEQ,
+        ),
     }
     for task in TASKS.values():
         if isinstance(task, ForwardTask) and task.registry is not None:
@@ -682,6 +707,7 @@ def _shrink_dict(
         "bos_token_id": ids[_BOS],
         "eos_token_id": ids[_EOS],
         "pad_token_id": ids[_PAD],
+        **({"decoder_start_token_id": ids[_PAD]} if shrinking.decoder_start else {}),
     }
     for name, value in tokens.items():
         key = attribute_map.get(name, name)
@@ -852,10 +878,13 @@ def _inputs(
     from pytest_neuron_support.tasks.table import task_of
     from pytest_neuron_support.zoo.forward import _forward_tokenizer, _run_batch
 
-    if task.inputs == "prompt":
+    if task.generates:
         for f in tokenizer_dir.iterdir():
             shutil.copyfile(f, out_dir / f.name)
-        return {"input_ids": _prompt_ids(tokenizer), "use_cache": False}, len(tokenizer)
+        batch = {"input_ids": _prompt_ids(tokenizer), "use_cache": False}
+        if task.inputs == "seq2seq":
+            batch["decoder_input_ids"] = torch.tensor([[int(tokenizer.convert_tokens_to_ids(_PAD))]])
+        return batch, len(tokenizer)
     # The zoo tokenizer with a mask token and RoBERTa's framing: the text rows' (and a CLIP text tower's) tokenizer.
     text = (
         _forward_tokenizer(tokenizer_dir, out_dir)
@@ -875,7 +904,7 @@ def _model_card(
     version = _transformers().__version__
     inputs = (
         "the zoo tokenizer's vocabulary"
-        if task.inputs == "prompt"
+        if task.generates
         else f"run.py's {task.inputs} inputs for `{task.name}` through transformers' {task.preprocessor} for it"
     )
     return (
@@ -968,9 +997,9 @@ def _build_one(
         config, model, output, parameters = _checked_model(task, model_type, ids, vocab_size, batch)
         with _step("save", parameters):
             model.save_pretrained(str(out_dir))
-            if task.inputs == "prompt":
+            if task.generates:
                 # The model class's own generation defaults (minus transformers' bookkeeping), made greedy
-                # and given the zoo tokenizer's special tokens.
+                # and given the zoo tokenizer's special tokens (an encoder-decoder's decoder starts at its pad).
                 defaults = model.generation_config.to_diff_dict()
                 generation = {
                     **{k: v for k, v in defaults.items() if not k.startswith("_")},
@@ -978,6 +1007,7 @@ def _build_one(
                     "do_sample": False,
                     "eos_token_id": [ids[_EOS], ids[_IM_END]],
                     "pad_token_id": ids[_PAD],
+                    **({"decoder_start_token_id": ids[_PAD]} if task.shrinking.decoder_start else {}),
                 }
                 write_atomic(
                     out_dir / "generation_config.json", json.dumps(generation, indent=2, sort_keys=True) + "\n"
