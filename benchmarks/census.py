@@ -1,6 +1,7 @@
-"""The compile-readiness census: every architecture of every task the suite has a row for (text generation,
-encoder-decoder generation and each forward task: classification, fill-mask, image features, detection,
-segmentation, depth, audio, CTC), as a tiny random model, through the same run.py on CPU: the compiled
+"""The compile-readiness census: every architecture of every task row whose registry it can feed (text
+generation, encoder-decoder generation and each forward task with a registry of its own: classification,
+fill-mask, image features, detection, segmentation, depth, audio, CTC; docs/census.md lists the rows it leaves
+out and why), as a tiny random model, through the same run.py on CPU: the compiled
 static-cache ``generate()`` of a causal LM or an encoder-decoder, the compiled forward pass of the others.
 
 Whether an architecture's decoding step traces into one static graph, breaks the graph, recompiles
@@ -126,7 +127,8 @@ def teacher_forced(row: Row) -> str:
 
 
 def one_graph(row: Row) -> bool:
-    """Compiled into exactly one decoding graph: no break, no recompile, no recompile-limit hit."""
+    """Compiled into exactly one graph (a decoding step's, or a forward task's forward pass): no break, no
+    recompile, no recompile-limit hit."""
     return row.graphs_compiled == 1 and not row.graph_breaks and not row.recompiles and row.recompile_limit is None
 
 
@@ -249,12 +251,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     tasks = args.task or (list(SAMPLE) if args.sample else list(census_tasks()))
+    if args.only is not None and not args.only.strip(","):
+        parser.error("--only: no model_type given (comma-separated model_types, e.g. --only llama,gpt2)")
     if args.only and not args.task:
         tasks = [TEXT_GENERATION]
+    if args.sample and set(tasks) - set(SAMPLE):
+        parser.error(
+            f"--sample --task {', '.join(sorted(set(tasks) - set(SAMPLE)))}: CI's sample has no architecture of "
+            f"it (the sample's tasks: {', '.join(SAMPLE)}); use --only with --task instead"
+        )
     wanted = {
         task: list(SAMPLE.get(task, ()))
         if args.sample
-        else args.only.split(",")
+        else [t for t in args.only.split(",") if t]
         if args.only
         else list(census_architectures(task))
         for task in tasks

@@ -92,3 +92,13 @@ def test_the_census_sample_sweeps_every_task_family_into_census_rows_and_resume_
     assert again.returncode == 0, again.stdout[-4000:] + again.stderr[-4000:]
     assert "9 skipped" in again.stdout
     assert len(pd.read_parquet(results / "data")) == 9
+
+
+def test_a_sample_of_a_task_it_does_not_have_or_an_empty_only_is_refused_before_anything_runs(tmp_path: Path) -> None:
+    results, cache = tmp_path / "census", tmp_path / "hub"
+    refused = census(results, cache, "--sample", "--task", "fill-mask")
+    assert refused.returncode == 2 and not results.exists() and not cache.exists()
+    assert "--sample --task fill-mask: CI's sample has no architecture of it" in refused.stderr
+    assert "use --only with --task instead" in refused.stderr
+    empty = census(results, cache, "--only", ",")
+    assert empty.returncode == 2 and "--only: no model_type given" in empty.stderr and not results.exists()

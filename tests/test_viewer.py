@@ -918,6 +918,9 @@ def census_rows() -> list[Row]:
             graphs_compiled=1,
             graph_breaks=0,
             recompiles=0,
+            # Its decisions: 8 checked, 1 differing in a near-tie (not a teacher-forced check's positions).
+            positions_checked=8,
+            positions_disagreeing=1,
             verdict_basis="forward-calibrated",
         ),
         make_row("org/alpha-1b", "ERROR", NEW, failure_stage="compile", error="RuntimeError: boom"),
@@ -936,7 +939,7 @@ def test_architectures_view_shows_the_census_and_keeps_it_out_of_selected_and_fa
     assert wait_for(lambda: browser.execute_script("return document.body.dataset.ready") == "true")
     # Selected lists the model checked (beside the catalog's), not the census's tiny random models.
     selected = table(browser)
-    assert selected["org/alpha-1b"] == "ERROR" and not [m for m in selected if m.startswith("census/")]
+    assert selected["org/alpha-1b"] == "ERROR" and not [m for m in selected if m.startswith("census")]
     browser.find_element(By.ID, "view-census").click()
     assert wait_for(lambda: browser.find_element(By.ID, "census-view").is_displayed())
     assert not browser.find_element(By.ID, "models").is_displayed()

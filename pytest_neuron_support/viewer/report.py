@@ -58,7 +58,7 @@ from pytest_neuron_support.devices.table import DEVICES
 from pytest_neuron_support.hub import HubError, HubRanking, fetch_all, load_snapshot, save_snapshot
 from pytest_neuron_support.run import neffcache
 from pytest_neuron_support.run.runscript import template
-from pytest_neuron_support.tasks.table import RANKED_TASKS
+from pytest_neuron_support.tasks.table import RANKED_TASKS, TASKS
 
 #: AWS's pip index for neuronx-cc and torch-neuronx (the PyPI names are placeholders).
 NEURON_PIP_INDEX = "https://pip.repos.neuron.amazonaws.com"
@@ -474,6 +474,9 @@ def report_data(
         "results": dict(RESULTS),
         "stages": dict(STAGES),
         "tasks": tasks,
+        # The tasks whose rows generate tokens: the Architectures view shows their teacher-forced check (a forward
+        # task's rows count decisions in the same columns, which are not a teacher-forced check).
+        "generating_tasks": [task.name for task in TASKS.values() if task.generates],
         # The check filter: a model checked both ways has one row (and one table line) per check.
         "checks": list(CHECKS),
         "stacks": stacks,

@@ -1,12 +1,15 @@
-"""The census: a tiny random causal LM for every architecture transformers maps as one.
+"""The census: a tiny random model for every architecture transformers maps to a task the census has.
 
-Where the tiny zoo (:mod:`.spec`, :mod:`.build`) hand-picks a dozen architectures from real Hub configs
+Where the tiny zoo (:mod:`.spec`, :mod:`.build`) hand-picks a few architectures from real Hub configs
 and trains them to be decisive, the census takes *every* ``model_type`` of the installed transformers'
-``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES``, starts from that architecture's *default* config class, shrinks
-it with one table of field names (no per-architecture code), random-initialises it and installs it in
-the Hub cache as ``census/<model_type>``, next to the zoo's tokenizer.  Architectures that do not
-survive (a config that refuses the shrunk sizes, a model that needs a remote backbone, a forward pass
-that breaks, weights that do not round-trip) are reported with the step and the error instead.
+registry of each task it has (:func:`census_tasks`: ``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`` for text
+generation, the seq2seq registry for encoder-decoder generation, each forward task row's own registry),
+starts from that architecture's *default* config class, shrinks it with one table of field names (no
+per-architecture code), random-initialises it and installs it in the Hub cache as ``census/<model_type>``
+(text generation, next to the zoo's tokenizer) or ``census-<task>/<model_type>`` (with the architecture's own
+preprocessor).  Architectures that do not survive (no preprocessor transformers maps to it, a config that
+refuses the shrunk sizes, a model that needs a library that is not installed, a forward pass that breaks,
+weights that do not round-trip) are reported with the step and the error instead.
 
 The weights are random: a census model answers "does this architecture load and run", not "does it
 generate anything sensible".  Everything is offline and deterministic (one seed per architecture);
@@ -757,7 +760,8 @@ class CensusBuild:
 
     Attributes:
         model_type: the transformers ``model_type``.
-        repo_id: ``census/<model_type>`` when built (installed in the cache), None when not.
+        repo_id: where it is installed when built (:meth:`CensusTask.repo_id`: ``census/<model_type>`` or
+            ``census-<task>/<model_type>``), None when not.
         model_class: the task registry's class name for it, e.g. ``LlamaForCausalLM``.
         parameters: the shrunk model's parameter count (None when it never got that far).
         step: where the build failed: ``preprocessor``, ``config``, ``model``, ``forward``, ``save`` or
@@ -870,7 +874,8 @@ def _inputs(
     task: CensusTask, model_type: str, tokenizer: _HFTokenizer, tokenizer_dir: Path, out_dir: Path
 ) -> tuple[dict[str, Any], int]:
     """What the model of ``task`` is fed, and the vocabulary size its config takes; its preprocessor's files are
-    saved into ``out_dir`` as a Hub repo ships them. A causal LM: the zoo tokenizer's prompt. A forward task:
+    saved into ``out_dir`` as a Hub repo ships them. A causal LM: the zoo tokenizer's prompt (an encoder-decoder:
+    on the encoder side, the decoder's start token on the other). A forward task:
     run.py's own inputs (its template's ``forward_batch``, so exactly what every run of the row feeds), made by the
     preprocessor loaded back from ``out_dir`` with the row's loader, as run.py loads it."""
     import torch
@@ -901,11 +906,18 @@ def _inputs(
 def _model_card(
     task: CensusTask, model_type: str, model_class: str, config: Any, parameters: int, fingerprint: str
 ) -> str:
+    """The model card: text generation's exactly as before the census had tasks (its installed models stay
+    byte for byte what they were), another task's naming the task and how its inputs are made."""
     version = _transformers().__version__
+    causal = task.name == TEXT_GENERATION
     inputs = (
-        "the zoo tokenizer's vocabulary"
-        if task.generates
-        else f"run.py's {task.inputs} inputs for `{task.name}` through transformers' {task.preprocessor} for it"
+        "the zoo tokenizer's\nvocabulary"
+        if causal
+        else (
+            "the zoo tokenizer's vocabulary"
+            if task.generates
+            else f"run.py's {task.inputs} inputs for `{task.name}`\nthrough transformers' {task.preprocessor} for it"
+        )
     )
     return (
         "---\n"
@@ -914,15 +926,14 @@ def _model_card(
         f"tags: [tiny-random, test, census, {model_type}]\n"
         f"census_fingerprint: {fingerprint}\n"
         f"census_model_class: {model_class}\n"
-        f"census_parameters: {parameters}\n"
-        f"census_task: {task.name}\n"
-        "---\n\n"
+        f"census_parameters: {parameters}\n" + ("" if causal else f"census_task: {task.name}\n") + "---\n\n"
         f"# {task.repo_id(model_type)}\n\n"
         "Random weights, built offline by the census (`pytest_neuron_support.zoo.census`) from\n"
         f"transformers {version}'s default `{type(config).__name__}` shrunk: width {_HIDDEN}, MLP {_INTER},\n"
-        f"{_HEADS} heads of {_HEAD_DIM}, {_LAYERS} layers or one of each layer kind, 4 experts, {inputs}.\n"
+        f"{_HEADS} heads of {_HEAD_DIM}, {_LAYERS} layers or one of each layer kind, 4 experts, {inputs}. "
         f"A `{model_class}` of {parameters:,} parameters.\n\n"
-        "Not a trained model: it shows that the architecture builds, runs, saves and loads, nothing more.\n"
+        + ("Not a language model" if causal else "Not a trained model")
+        + ": it shows that the architecture builds, runs, saves and loads, nothing more.\n"
     )
 
 
@@ -960,11 +971,14 @@ def _instantiate(task: CensusTask, model_type: str, config: Any, batch: Mapping[
     if parameters > _MAX_PARAMETERS:
         raise _StepFailed("model", f"too large after shrinking: {parameters} params", parameters)
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(_census_seed(task.repo_id(model_type)))
+        torch.manual_seed(seed := _census_seed(task.repo_id(model_type)))
         with _step("model", parameters):
             model = getattr(_transformers(), task.auto_class).from_config(config, dtype=torch.float32)
             model.eval()
         with _step("forward", parameters):
+            # Seeded again right before the pass, as the reload check's is: a forward pass that draws random
+            # numbers (ViT-MAE's random masking) gives the same output both times.
+            torch.manual_seed(seed)
             output = _output(model, batch, task.output)
             if not bool(torch.isfinite(output).all()):
                 raise ValueError(f"the forward pass gave non-finite {task.output}")
@@ -1019,7 +1033,9 @@ def _build_one(
         with _step("load", parameters):
             reloaded = getattr(transformers, task.auto_class).from_pretrained(str(snapshot), dtype=torch.float32)
             reloaded.eval()
-            again = _output(reloaded, batch, task.output)
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(_census_seed(repo_id))
+                again = _output(reloaded, batch, task.output)
             if again.shape != output.shape or not torch.allclose(again, output, atol=1e-4, rtol=1e-4):
                 diff = (again - output).abs().max().item() if again.shape == output.shape else "shape"
                 raise ValueError(f"the reloaded model's {task.output} differ from the built one's (max |diff| {diff})")
