@@ -110,14 +110,15 @@ def test_repository_root_runs_the_catalog_and_tests_apart(tmp_path: Path, offlin
     sweep = collect(".", "--device=cpu", "--models-file=models-tiny.yaml", f"--results-dir={tmp_path / 'out'}")
     assert "suite: the catalog models-tiny.yaml (28 models)" in sweep, sweep
     items = [line.strip() for line in sweep.splitlines() if line.strip().startswith("<Function ")]
-    # One item per model, and one per Pipeline check (the text classifier's, the CTC recogniser's, the depth
-    # model's).
-    assert len(items) == 31 and all(
+    # One item per model, and one per Pipeline check (the text classifier's, the image classifier's, the CTC
+    # recogniser's, the depth model's).
+    assert len(items) == 32 and all(
         line.startswith(("<Function test_model[", "<Function test_pipeline[")) for line in items
     )
     assert sorted(line for line in items if "test_pipeline[" in line) == [
         "<Function test_pipeline[tiny-random/depth-anything]>",
         "<Function test_pipeline[tiny-random/distilbert-sst2]>",
+        "<Function test_pipeline[tiny-random/vit]>",
         "<Function test_pipeline[tiny-random/wav2vec2-ctc]>",
     ]
     # Largest expected work first (cores x seconds): the 4-core olmo2, then the pipeline, whose task's prior

@@ -40,11 +40,12 @@ def test_tiny_zoo_sweep_passes_every_architecture_with_four_workers_over_four_co
         "--model-timeout=900",
     )
     assert result.ret == 0, session_rows(pytester.path / "out", failed_only=True)
-    # One item per model, and one per Pipeline check: the text classifier's and the CTC recogniser's pass; the
-    # depth model's is the depth pipeline's known bfloat16 failure, held as its expectation (an XFAIL).
-    result.assert_outcomes(passed=len(ids) + 2, xfailed=1)
+    # One item per model, and one per Pipeline check: the text classifier's, the image classifier's and the CTC
+    # recogniser's pass; the depth model's is the depth pipeline's known bfloat16 failure, held as its expectation
+    # (an XFAIL).
+    result.assert_outcomes(passed=len(ids) + 3, xfailed=1)
     result.stdout.fnmatch_lines(
-        ["*neuron-support results*", f"1 ERROR, {len(ids) + 2} PASS", "Parquet: *out/data/*.parquet"]
+        ["*neuron-support results*", f"1 ERROR, {len(ids) + 3} PASS", "Parquet: *out/data/*.parquet"]
     )
 
     every = pd.read_parquet(pytester.path / "out" / "data")
@@ -53,8 +54,17 @@ def test_tiny_zoo_sweep_passes_every_architecture_with_four_workers_over_four_co
     assert sorted(pipelines.index) == [
         "tiny-random/depth-anything",
         "tiny-random/distilbert-sst2",
+        "tiny-random/vit",
         "tiny-random/wav2vec2-ctc",
     ]
+    # The image classifier's pipeline (transformers' image-classification, its top label) agrees with the direct
+    # path's CPU reference by the forward rule.
+    image = pipelines.loc["tiny-random/vit"]
+    assert (image.result, image.verdict_basis, image.pipeline_class) == (
+        "PASS",
+        "forward-calibrated",
+        "ImageClassificationPipeline",
+    )
     classifier, depth = pipelines.loc["tiny-random/distilbert-sst2"], pipelines.loc["tiny-random/depth-anything"]
     assert (classifier.result, classifier.verdict_basis, classifier.pipeline_text) == (
         "PASS",
