@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -42,9 +43,16 @@ def in_fresh_process(setup: str, call: str) -> tuple[list[CensusBuild], list[Cen
         f"results = {call}\n"
         "print(json.dumps([[dataclasses.asdict(r) for r in results], [dataclasses.asdict(r) for r in seen]]))\n"
     )
+    results, seen = python_json(code, HF_HUB_OFFLINE="1")
+    return [CensusBuild(**r) for r in results], [CensusBuild(**r) for r in seen]
+
+
+def python_json(code: str, **env: str) -> Any:
+    """What ``code`` prints as JSON on its last line, run by a fresh Python in this repository with only
+    ``env`` of the Hugging Face variables (and the rest of this environment)."""
     done = subprocess.run(
         [sys.executable, "-c", code],
-        env=_clean_env(HF_HUB_OFFLINE="1"),
+        env=_clean_env(**env),
         capture_output=True,
         text=True,
         timeout=600,
@@ -52,8 +60,7 @@ def in_fresh_process(setup: str, call: str) -> tuple[list[CensusBuild], list[Cen
         check=False,
     )
     assert done.returncode == 0, done.stderr[-4000:]
-    results, seen = json.loads(done.stdout.strip().splitlines()[-1])
-    return [CensusBuild(**r) for r in results], [CensusBuild(**r) for r in seen]
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 @pytest.fixture(scope="module")
@@ -316,17 +323,7 @@ for repo, name in [("census-fill-mask/bert", "fill-mask"), ("census-image-classi
     out[name] = [list(output.shape), bool(torch.isfinite(output).all())]
 print(json.dumps(out))
 """
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        env=_clean_env(HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(cache)),
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=REPO,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    out = json.loads(done.stdout.strip().splitlines()[-1])
+    out = python_json(code, HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(cache))
     from pytest_neuron_support.tasks.forward import LENGTH, MASKED_SENTENCES
 
     # Four masked sentences padded to the row's length, over the zoo tokenizer and its mask token; the test card
