@@ -497,11 +497,13 @@ def census_architectures(task: str = TEXT_GENERATION) -> tuple[str, ...]:
 
 def _model_classes(task: CensusTask) -> Mapping[str, str]:
     """model_type -> the task's class name, from transformers' auto mapping (names only: no import); a value
-    naming several heads (DeiT's two image classifiers) is read as all of them."""
-    mapping: Mapping[str, str | tuple[str, ...]] = getattr(
+    naming several heads (DeiT's two image classifiers) is read as all of them, as coverage reads it."""
+    from pytest_neuron_support.catalog.coverage import class_names
+
+    mapping: Mapping[str, object] = getattr(
         importlib.import_module("transformers.models.auto.modeling_auto"), task.registry
     )
-    return {k: v if isinstance(v, str) else " / ".join(v) for k, v in mapping.items()}
+    return {k: class_names(v) for k, v in mapping.items()}
 
 
 def _census_fingerprint(task: CensusTask) -> str:
