@@ -320,32 +320,33 @@ def _catalog_extra_packages(models_file: str | None, model: str) -> tuple[str, .
     return next((spec.extra_packages for spec in catalog.models if spec.id == model), ())
 
 
-def _runscript(args: argparse.Namespace) -> int:
+def _chosen_row(args: argparse.Namespace, command: str) -> tuple[Any, list[Any]] | None:
+    """The row ``runscript`` and ``explain`` are about (the model's newest, narrowed by --stack, --device, --check
+    and --test) and every row of its stack; None after saying on stderr why there is none."""
     from pytest_neuron_support.checks.registry import named_test
     from pytest_neuron_support.data.dataset import NoDataset, require_dataset, stack_stem
-    from pytest_neuron_support.viewer.report import reproduction
 
     results = Path(args.results_dir)
     try:
         rows = require_dataset(results)
     except NoDataset as exc:
-        print(f"neuron-support runscript: {exc}", file=sys.stderr)
-        return 2
+        print(f"neuron-support {command}: {exc}", file=sys.stderr)
+        return None
     stacks = sorted({stack_stem(r) for r in rows})
     shown = ", ".join(stacks) or "none"
     if args.stack is not None and args.stack not in stacks:
         print(
-            f"neuron-support runscript: no stack {args.stack} under {results / 'data'}; stacks there: {shown}",
+            f"neuron-support {command}: no stack {args.stack} under {results / 'data'}; stacks there: {shown}",
             file=sys.stderr,
         )
-        return 2
+        return None
     mine = [r for r in rows if r.model_id == args.model]
     if not mine:
         print(
-            f"neuron-support runscript: no row for {args.model} under {results / 'data'} (stacks there: {shown})",
+            f"neuron-support {command}: no row for {args.model} under {results / 'data'} (stacks there: {shown})",
             file=sys.stderr,
         )
-        return 2
+        return None
     candidates = [r for r in mine if args.stack is None or stack_stem(r) == args.stack]
     if args.device is not None:
         candidates = [r for r in candidates if r.device == args.device]
@@ -359,24 +360,36 @@ def _runscript(args: argparse.Namespace) -> int:
         )
         known = ", ".join(sorted({named_test(r) for r in mine}))
         print(
-            f"neuron-support runscript: {args.model} has no row for stack {args.stack or 'any'}"
+            f"neuron-support {command}: {args.model} has no row for stack {args.stack or 'any'}"
             f"{' on ' + args.device if args.device else ''}"
             f"{'' if args.check == 'inference' else ' of check ' + args.check}"
             f"{'' if args.test is None else ' of test ' + args.test}; it has rows on: {where}; of tests: {known}",
             file=sys.stderr,
         )
-        return 2
+        return None
     tests = sorted({named_test(r) for r in candidates})
     if len(tests) > 1:
         # A catalog item and a user's test of one model ran different scripts: which one is the user's call.
         listing = "".join(f"\n  --test {shlex.quote(name)}" for name in tests)
         print(
-            f"neuron-support runscript: {args.model} has rows of {len(tests)} tests; choose one with --test:{listing}",
+            f"neuron-support {command}: {args.model} has rows of {len(tests)} tests; choose one with --test:{listing}",
             file=sys.stderr,
         )
-        return 2
+        return None
     # Without --stack, the newest run is what people ask about.
     row = max(candidates, key=lambda r: (r.timestamp, stack_stem(r)))
+    return row, [r for r in rows if stack_stem(r) == stack_stem(row)]
+
+
+def _runscript(args: argparse.Namespace) -> int:
+    from pytest_neuron_support.viewer.report import reproduction
+
+    chosen = _chosen_row(args, "runscript")
+    if chosen is None:
+        return 2
+    row = chosen[0]
+    if args.reproducer:
+        return _reproducer(args, row)
     again = reproduction(row, _catalog_extra_packages(args.models_file, args.model))
     if args.script_only:
         if again.runscript is None:
@@ -390,6 +403,62 @@ def _runscript(args: argparse.Namespace) -> int:
         return 1
     print(f"# ---- {again.script} ----")
     sys.stdout.write(again.runscript if again.runscript.endswith("\n") else again.runscript + "\n")
+    return 0
+
+
+def _row_options(parser: argparse.ArgumentParser) -> None:
+    """How ``runscript`` and ``explain`` name the row they are about."""
+    from pytest_neuron_support.checks.registry import CHECKS
+
+    parser.add_argument("model", help="Hub id (or local checkpoint path) as recorded in the dataset")
+    parser.add_argument("--stack", help="stack file stem, e.g. neuronxcc-2.21.0__transformers-5.24.0 (default: newest)")
+    parser.add_argument("--device", help="device kind of the row (default: the newest row's)")
+    parser.add_argument(
+        "--check",
+        choices=CHECKS,
+        default="inference",
+        help="which check's script: inference (run.py, the default) or train (train.py)",
+    )
+    parser.add_argument(
+        "--test",
+        metavar="TEST",
+        help="the test whose row to use, when a model has rows of several (a catalog item's test_model[<id>], "
+        "or a user's test's node id); without it, several are listed and nothing is picked",
+    )
+    _results_dir_option(parser, "dataset folder (default results)")
+    parser.add_argument(
+        "--models-file", help="catalog whose extra_packages to include (default models.yaml when present)"
+    )
+
+
+def _reproducer(args: argparse.Namespace, row: Any) -> int:
+    """The row's standalone reproducer (``row.reproducer``, under the results folder), or why there is none."""
+    if not row.reproducer:
+        why = row.reproducer_note or f"only a compile ERROR or a numerics FAIL has one, this row is {row.result}"
+        print(f"neuron-support runscript: no reproducer for {args.model}: {why}", file=sys.stderr)
+        return 1
+    path = Path(args.results_dir) / row.reproducer
+    if not path.is_file():
+        print(
+            f"neuron-support runscript: {path} is gone (the reproducer lives in the sweep's run folders, "
+            "which a merged or copied dataset does not carry): rerun the model to write it again",
+            file=sys.stderr,
+        )
+        return 1
+    sys.stdout.write(path.read_text(encoding="utf-8"))
+    return 0
+
+
+def _explain(args: argparse.Namespace) -> int:
+    from pytest_neuron_support.viewer.report import reproduction
+    from pytest_neuron_support.viewer.story import story
+
+    chosen = _chosen_row(args, "explain")
+    if chosen is None:
+        return 2
+    row, stack_rows = chosen
+    again = reproduction(row, _catalog_extra_packages(args.models_file, args.model))
+    sys.stdout.write(story(row, stack_rows, again.instructions()))
     return 0
 
 
@@ -793,29 +862,22 @@ def build_parser() -> argparse.ArgumentParser:
     runscript = sub.add_parser(
         "runscript", help="the run.py that ran for a model, the packages to install and the NEFF-cache sync command"
     )
-    runscript.add_argument("model", help="Hub id (or local checkpoint path) as recorded in the dataset")
-    runscript.add_argument(
-        "--stack", help="stack file stem, e.g. neuronxcc-2.21.0__transformers-5.24.0 (default: newest)"
-    )
-    runscript.add_argument("--device", help="device kind of the row (default: the newest row's)")
-    runscript.add_argument(
-        "--check",
-        choices=CHECKS,
-        default="inference",
-        help="which check's script: inference (run.py, the default) or train (train.py)",
-    )
-    runscript.add_argument(
-        "--test",
-        metavar="TEST",
-        help="the test whose row to use, when a model has rows of several (a catalog item's test_model[<id>], "
-        "or a user's test's node id); without it, several are listed and nothing is picked",
-    )
-    _results_dir_option(runscript, "dataset folder (default results)")
-    runscript.add_argument(
-        "--models-file", help="catalog whose extra_packages to include (default models.yaml when present)"
-    )
+    _row_options(runscript)
     runscript.add_argument("--script-only", action="store_true", help="print only run.py (e.g. > run.py)")
+    runscript.add_argument(
+        "--reproducer",
+        action="store_true",
+        help="print only the row's standalone reproducer: a compile ERROR's failing graph (> repro.py), a numerics "
+        "FAIL's first diverging module alone (> run.py)",
+    )
     runscript.set_defaults(func=_runscript)
+    explain = sub.add_parser(
+        "explain",
+        help="the whole story of a model's row: plan, stages, evidence, first diverging module, signature, "
+        "expectation, how to reproduce it",
+    )
+    _row_options(explain)
+    explain.set_defaults(func=_explain)
     status = sub.add_parser("status", help="a running sweep's progress and the host's core leases, from another shell")
     _results_dir_option(status, "the sweep's --results-dir (default results)", positional=True)
     status.set_defaults(func=_status)

@@ -1289,3 +1289,55 @@ def test_a_large_image_is_embedded_as_a_thumbnail_and_a_small_one_as_it_is(tmp_p
     assert large.size == (THUMBNAIL_PX, THUMBNAIL_PX * 3 // 4)
     small = base64.b64decode(found["reference_image_src"].split(",", 1)[1])
     assert small == (tmp_path / "small.png").read_bytes()
+
+
+def test_a_rows_page_tells_its_whole_story_and_carries_its_reproducer(browser: Any, tmp_path: Path) -> None:
+    """The row's page shows what `neuron-support explain` prints (the first diverging module of a numerics FAIL
+    included) and a compile ERROR's standalone reproducer, read from the run folder beside the dataset."""
+    from selenium.webdriver.common.by import By
+
+    results = tmp_path / "results"
+    script = results / "runs" / "org--beta-7b" / "neuron" / "compile-repro" / "repro.py"
+    script.parent.mkdir(parents=True)
+    script.write_text("# the graph the backend failed on\nraise SystemExit('NCC_IBIR227')\n")
+    located = {
+        "diverging_module": "model.layers.3.self_attn.o_proj",
+        "diverging_module_kind": "Linear",
+        "diverging_distance": 0.41,
+        "diverging_ratio": 96.0,
+        "last_inside_module": "model.layers.3.self_attn.v_proj",
+        "locate_note": "located: 40 module outputs compared",
+    }
+    compile_error = "BackendCompilerFailed: backend='neuron' raised: CompilationError: NCC_IBIR227 on the decode loop"
+    write_rows(
+        results,
+        [
+            make_row("org/alpha-1b", "FAIL", NEW, failure_stage="parity", error="tokens differ", **located),
+            make_row(
+                "org/beta-7b",
+                "ERROR",
+                NEW,
+                failure_stage="compile",
+                error=compile_error,
+                compiler_error_code="NCC_IBIR227",
+                reproducer="runs/org--beta-7b/neuron/compile-repro/repro.py",
+                reproducer_note="captured by Dynamo's repro_after='dynamo' on a rerun",
+            ),
+        ],
+    )
+    done = cli("report", "--results-dir", str(results), "--out", str(tmp_path / "s"), "--no-hub")
+    assert done.returncode == 0, done.stderr
+    uri = (tmp_path / "s" / "index.html").as_uri()
+
+    ready(browser, uri + "#row=org/alpha-1b/inference")
+    story = browser.find_element(By.ID, "story").get_attribute("textContent")
+    assert "5. first diverging module\n   model.layers.3.self_attn.o_proj (Linear): relative distance" in story, story
+    assert "the last module inside was model.layers.3.self_attn.v_proj" in story
+    assert browser.find_elements(By.ID, "reproducer-box") == []  # a FAIL has no compile reproducer
+
+    ready(browser, uri + "#row=org/beta-7b/inference")
+    box = browser.find_element(By.ID, "reproducer-box")
+    assert "runs/org--beta-7b/neuron/compile-repro/repro.py" in box.find_element(By.TAG_NAME, "summary").text
+    assert browser.find_element(By.ID, "reproducer").get_attribute("textContent") == script.read_text()
+    story = browser.find_element(By.ID, "story").get_attribute("textContent")
+    assert "the compiler's error code: NCC_IBIR227" in story and "--reproducer > repro.py" in story

@@ -15,14 +15,17 @@ from typing import Any
 
 from pytest_neuron_support.base.model import ModelSpec
 from pytest_neuron_support.checks.kind import CpuSide, NoCpuSide
+from pytest_neuron_support.cpu.locate import locate, module_reproducer
 from pytest_neuron_support.cpu.reference import ReferenceRun
 from pytest_neuron_support.data.records import Row
 from pytest_neuron_support.devices.table import DEVICES
 from pytest_neuron_support.run.context import Job
-from pytest_neuron_support.run.runscript import RunSpec
+from pytest_neuron_support.run.repro import relative_to
+from pytest_neuron_support.run.runscript import RunSpec, TrainSpec
 from pytest_neuron_support.run.settings import Settings
 from pytest_neuron_support.tasks.table import task_of
 from pytest_neuron_support.tasks.task import Task
+from pytest_neuron_support.verdict import modules
 
 
 class InferenceCheck:
@@ -75,3 +78,29 @@ class InferenceCheck:
             side.cancel()
             return replace(row, **repeat.fields())
         return task.decide(job, row, result, side if isinstance(side, ReferenceRun) else None)
+
+    def locate(self, job: Job, row: Row, result: Mapping[str, Any], spec: RunSpec | TrainSpec) -> Row:
+        """A numerics FAIL (at ``parity``): the first diverging module (``cpu.locate``), into the row's columns and
+        its error; the row says why where its task has no module search or the search could not run."""
+        if row.result != "FAIL" or row.failure_stage != "parity":
+            return row
+        assert isinstance(spec, RunSpec)
+        task = task_of(job.model.task)
+        options = task.locate_options(row, result)
+        if options is None:
+            return replace(row, locate_note=f"not searched: the {task.name} task has no module search yet")
+        found = locate(job, spec, self.reference_spec(job), options)
+        if found.divergence is None:
+            return replace(row, locate_note=found.note)
+        fields = modules.row_fields(found.divergence)
+        fields["locate_note"] = f"{fields['locate_note']} ({found.note})"
+        first = found.divergence.first
+        if first is not None:
+            fields["error"] = f"{row.error}; {found.divergence.describe()}"
+            script = module_reproducer(job, spec, options, first.stage)
+            fields["reproducer"] = relative_to(script, job.settings.results_dir)
+            fields["reproducer_note"] = (
+                f"the first diverging module alone: python3 run.py --out result.json (on the device) feeds "
+                f"{first.stage} the inputs it records from the CPU model and prints its distance and ratio"
+            )
+        return replace(row, **fields)

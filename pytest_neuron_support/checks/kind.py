@@ -83,3 +83,9 @@ class CheckKind(Protocol):
     def decide(self, job: Job, row: Row, result: Mapping[str, Any], side: CpuSide) -> Row:
         """The verdict of a device run that finished: the CPU side's evidence and the decision."""
         ...
+
+    def locate(self, job: Job, row: Row, result: Mapping[str, Any], spec: RunSpec | TrainSpec) -> Row:
+        """After the verdict: where a numerics FAIL starts inside the model (the first diverging module, from
+        one more forward on the device and on CPU: ``cpu.locate``), else ``row`` as it is (a PASS costs
+        nothing). ``spec`` is the device run's own."""
+        ...

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import replace
 from pathlib import Path
 
@@ -16,9 +17,12 @@ from pytest_neuron_support.base.redaction import scrub
 from pytest_neuron_support.checks.kind import CheckKind
 from pytest_neuron_support.checks.rows import planned_row
 from pytest_neuron_support.data.records import Row
+from pytest_neuron_support.data.signatures import compiler_error_code
 from pytest_neuron_support.planning.planner import Plan
 from pytest_neuron_support.run.context import Job, device_run_env
 from pytest_neuron_support.run.execution import failure_of, stage_name
+from pytest_neuron_support.run.repro import capture_compile_failure, relative_to
+from pytest_neuron_support.run.runscript import RunSpec
 from pytest_neuron_support.run.settings import Settings, run_dir
 from pytest_neuron_support.verdict import decide
 
@@ -35,6 +39,7 @@ def run_check(
     release: Callable[[], None] | None = None,
     workdir: Path | None = None,
     planned: Row | None = None,
+    relet: Callable[[], AbstractContextManager[tuple[int, int]]] | None = None,
 ) -> Row:
     """Check one model end to end and return its row. ``cores`` is the lease (first, count).
 
@@ -48,7 +53,7 @@ def run_check(
     row = replace(planned, first_core=first, lease_start=round(time.time(), 3))
     if workdir is None:
         workdir = run_dir(settings.results_dir, settings.device.name, model.id) / kind.folder
-    job = Job(model, settings, plan, workdir, environ)
+    job = Job(model, settings, plan, workdir, environ, relet)
     side = kind.start_cpu_side(job, row)
     spec = kind.device_spec(job, post_load)
     try:
@@ -70,5 +75,11 @@ def run_check(
         side.cancel()
         status, stage, error = failure_of(outcome, kind.script, offline=settings.hub_unreachable, checkpoint=model.id)
         failed = decide.run_failed(status, stage_name(stage, False), scrub(error, environ) or "")
-        return replace(row, **failed.fields())
-    return kind.decide(job, row, result, side)
+        row = replace(row, **failed.fields(), compiler_error_code=compiler_error_code(failed.error))
+        if status == "ERROR" and failed.failure_stage == "compile" and isinstance(spec, RunSpec):
+            # The graph the backend failed on, as a script of its own: one more device run, for a compile ERROR only.
+            captured = capture_compile_failure(job, spec)
+            script = None if captured.script is None else relative_to(captured.script, settings.results_dir)
+            row = replace(row, reproducer=script, reproducer_note=captured.note)
+        return row
+    return kind.locate(job, kind.decide(job, row, result, side), result, spec)

@@ -17,7 +17,7 @@ from typing import Any
 from pytest_neuron_support.data.signatures import MAX_MESSAGE, signature
 from pytest_neuron_support.verdict.training import GRAD_NORM_RTOL, LOSS_ATOL, LOSS_RTOL
 
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 
 #: Every value of the ``result`` column and exactly what it means.
 RESULTS: Mapping[str, str] = {
@@ -572,6 +572,69 @@ class Row:
             "numeric checks: evidence_distance / noise_floor; PASS needs every comparison's ratio <= the rule's "
             "multiple (docs/verdicts.md), so it says how close a PASS was",
             label="Noise ratio",
+        ),
+    )
+    diverging_module: str | None = field(
+        default=None,
+        metadata=_doc(
+            "a numerics FAIL: the first module, in execution order, whose output was out of the calibrated "
+            "tolerance when one forward at the first bad position ran again on the device and on CPU with a hook "
+            "on every module (its path in the model, e.g. model.layers.1.mlp.down_proj); null when none was "
+            "named (locate_note says why)",
+            label="First diverging module",
+        ),
+    )
+    diverging_module_kind: str | None = field(
+        default=None, metadata=_doc("diverging_module's class (Linear, Qwen3MLP, LayerNorm, ...)")
+    )
+    diverging_distance: float | None = field(
+        default=None,
+        metadata=_doc("diverging_module's output: the device's relative L2 distance from the CPU's in float32"),
+    )
+    diverging_ratio: float | None = field(
+        default=None,
+        metadata=_doc(
+            "diverging_module's output: diverging_distance / the dtype's own noise there (the calibrated rule's "
+            "ratio; over the rule's multiple, or it would not be named)"
+        ),
+    )
+    last_inside_module: str | None = field(
+        default=None,
+        metadata=_doc("a numerics FAIL: the last module before diverging_module whose output was still inside"),
+    )
+    locate_note: str | None = field(
+        default=None,
+        metadata=_doc(
+            "a numerics FAIL: how the module search ended: 'located' with how many modules were compared, or why "
+            "no module was named (a sharded run, a task without the search, a rerun that failed, every module "
+            "inside); null on every other row (the search runs only after a numerics FAIL)"
+        ),
+    )
+    compiler_error_code: str | None = field(
+        default=None,
+        metadata=_doc(
+            "an ERROR whose error names a neuronx-cc error code (NCC_IBIR227, ...): the first one; the failure "
+            "signature names it too",
+            label="Compiler code",
+        ),
+    )
+    reproducer: str | None = field(
+        default=None,
+        metadata=_doc(
+            "the standalone script that reproduces a failure, relative to the results folder: for a compile ERROR "
+            "the graph the backend failed on, written by Dynamo's own repro machinery when the device run ran again "
+            "with torch._dynamo.config.repro_after = 'dynamo' (python3 repro.py run --no-save-dir runs it on random "
+            "inputs, without the model's weights); for a numerics FAIL with a diverging_module, a run.py that feeds "
+            "that module alone the inputs it records from the CPU model, on the device and on CPU, and prints both "
+            "distances and the ratio; null when none was written (reproducer_note says why)",
+            label="Reproducer",
+        ),
+    )
+    reproducer_note: str | None = field(
+        default=None,
+        metadata=_doc(
+            "a compile ERROR or a numerics FAIL: how the reproducer was made and how to run it, or why none was (a "
+            "sharded run, a failure outside the backend's compile of a graph); null on every other row"
         ),
     )
     parity_mode: str | None = field(

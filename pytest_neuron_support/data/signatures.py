@@ -5,6 +5,7 @@ A signature is ``<stage>: <ExceptionType>[ <operation or module>]: <normalised m
 
     compile: BackendCompilerFailed aten::_fancy_op: backend='neuron' raised: NotImplementedError: Could not
         run '<op>' with arguments from the 'Neuron' backend.
+    compile: BackendCompilerFailed NCC_IBIR227: backend='neuron' raised: CompilationError: <...>
     load: RankDied: rank(s) <ranks> died without a result: rank <n> terminated with signal SIGKILL
     load: run.py killed by SIGSEGV
     parity: teacher-forced disagreement at token 1-3
@@ -12,7 +13,9 @@ A signature is ``<stage>: <ExceptionType>[ <operation or module>]: <normalised m
 How it is made, in order:
 
 1. PASS, SKIPPED and EXCLUDED rows have none (None): nothing is blocked.
-2. Verdict failures are bucketed, not read: a FAIL at ``parity`` by where the tokens first went
+2. Verdict failures are bucketed, not read: a FAIL at ``parity`` by the first diverging module
+   where the module search named one (``parity: model.layers.1.mlp.down_proj (Linear) diverges first;
+   ...``: the same module of the same architecture groups models), then by where the tokens first went
    wrong (:data:`BUCKETS`, from ``first_divergence`` / ``first_disagreement``), whether the
    free-running comparison, the teacher-forced check or both failed, and whether it was a near-tie;
    a FAIL at ``generate`` (the warm run differs) by ``repeat_divergence``; a FAIL at ``train`` by the
@@ -23,8 +26,9 @@ How it is made, in order:
 4. Everything else is the error's head (:func:`head`: its first line, continued while that line
    ends with ``:``, as ``BackendCompilerFailed: backend=... raised:`` does, without Dynamo's
    boilerplate and without a log tail; a pytest traceback's first ``E`` line), split into the
-   exception type (a leading ``Name:``) and message, the first operator it names (``aten::x``,
-   ``custom::op``) or missing module hoisted out, then normalised by :data:`RULES` (ids, paths,
+   exception type (a leading ``Name:``) and message, the compiler's error code it names (neuronx-cc's
+   ``NCC_*``), else the first operator it names (``aten::x``, ``custom::op``) or missing module
+   hoisted out, then normalised by :data:`RULES` (ids, paths,
    addresses, shapes, sizes, times, numbers) and cut to :data:`MAX_MESSAGE` characters: a
    message's head names its cause, its tail its circumstances.
 
@@ -43,6 +47,9 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from pytest_neuron_support.base.storage import slug
+
+#: How a numerics FAIL's error goes on when the module search named a module (``verdict.modules``).
+MODULE_SEARCH = "; first diverging module "
 
 #: Results a signature is made for: the ones that block a model.
 BLOCKING = ("ERROR", "FAIL", "TIMEOUT")
@@ -86,6 +93,10 @@ class Outcome(Protocol):
     def repeat_divergence(self) -> int | None: ...
     @property
     def train_first_bad_step(self) -> int | None: ...
+    @property
+    def diverging_module(self) -> str | None: ...
+    @property
+    def diverging_module_kind(self) -> str | None: ...
 
 
 @dataclass(frozen=True)
@@ -227,6 +238,14 @@ _OPERATOR = re.compile(r"(?<![\w.])([a-z_][a-z0-9_]*)::([A-Za-z_]\w*(?:\.[A-Za-z
 _NOT_OPERATORS = frozenset({"std", "c10", "at", "caffe2", "pybind11", "torch", "boost"})
 _KILLED = re.compile(r"killed by SIG[A-Z]+")
 _MODULE = re.compile(r"No module named '([\w.]+)'")
+#: neuronx-cc's error codes (``NCC_IBIR227``, ``NCC_EVRF007``): the compiler's own name for what it rejected.
+_COMPILER_CODE = re.compile(r"\bNCC_[A-Z]+[0-9]+\b")
+
+
+def compiler_error_code(error: str | None) -> str | None:
+    """The first neuronx-cc error code (``NCC_*``) an error names, or None."""
+    found = _COMPILER_CODE.search(error or "")
+    return found.group(0) if found else None
 
 
 def head(error: str) -> str:
@@ -319,7 +338,12 @@ def signature(row: Outcome) -> str | None:
     if not error.strip():
         return f"{stage}: {row.result} with no error recorded"
     if row.result == "FAIL" and stage == "parity":
-        return f"parity: {_parity(row, error)}"
+        # The module search's words are the row's evidence, not its cause's: the signature names the module.
+        cause = _parity(row, error.split(MODULE_SEARCH, 1)[0])
+        if row.diverging_module is None:
+            return f"parity: {cause}"
+        of = f" ({row.diverging_module_kind})" if row.diverging_module_kind else ""
+        return f"parity: {row.diverging_module}{of} diverges first; {cause}"
     if row.result == "FAIL" and stage == "generate" and "warm second generate()" in error:
         return f"generate: the warm second generate() differs from the first at {bucket(row.repeat_divergence)}"
     if row.result == "FAIL" and stage == "judge" and "not fluent" in error:
@@ -335,7 +359,9 @@ def signature(row: Outcome) -> str | None:
     kind = typed.group(1) if typed else None
     message = text[typed.end() :] if typed else text
     message = normalise(message, row.model_id, row.test)
-    subject = _subject(message)
+    # The compiler's own code (read before the numbers are normalised away) names what it rejected better than
+    # any operator the message also names.
+    subject = compiler_error_code(error) or _subject(message)
     if subject is not None and "::" in subject:
         message = message.replace(subject, "<op>")
     label = " ".join(part for part in (kind, subject) if part)

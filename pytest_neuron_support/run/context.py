@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,6 +36,9 @@ class Job:
         workdir: its run folder (``device/``, ``reference/``, ``cpu-check/``, ``judge/``, ``cpu/``).
         environ: the environment its processes start from (the caller's, tokens included: every file
             a run leaves is scrubbed of them).
+        relet: leases the check's cores again, as ``with job.relet() as (first, count):`` (the device run's
+            lease is released when it ends; a numerics FAIL's module search runs on the device once more);
+            None where the caller holds no core ledger.
     """
 
     model: ModelSpec
@@ -42,6 +46,7 @@ class Job:
     plan: Plan
     workdir: Path
     environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+    relet: Callable[[], AbstractContextManager[tuple[int, int]]] | None = None
 
     @property
     def sharded(self) -> bool:

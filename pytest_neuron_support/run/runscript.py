@@ -83,6 +83,13 @@ class RunSpec:
             order (not written into ``SPEC``: they are the script's code).
         task_options: the task's own settings (a text-to-image run's steps, size, guidance and seed; the
             device run's recording a teacher-forced check replays), written into ``SPEC["task_options"]``.
+        locate: set only after a numerics FAIL (``cpu.locate``): run ONE forward at the first bad position
+            with every module's output recorded instead of the task's run (``tokens``: a generation's prefix
+            after the prompt; ``device_trace``: the device side's recording, which a CPU side scores in float32
+            against ``noise_dtype``); None otherwise.
+        capture_compile_failure: set only to rerun a compile ERROR (``run.repro``): Dynamo's own repro machinery
+            (``torch._dynamo.config.repro_after = "dynamo"``) writes the graph the backend failed on as a
+            standalone ``repro.py`` in the run's folder.
     """
 
     model: str
@@ -108,9 +115,12 @@ class RunSpec:
     inputs: str = "text"
     fragments: tuple[str, ...] = ("transformers.py", "text.py", "generation.py")
     task_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    locate: Mapping[str, Any] | None = None
+    capture_compile_failure: bool = False
 
     def to_spec(self) -> dict[str, Any]:
         spec = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "fragments"}
+        spec["locate"] = None if self.locate is None else dict(self.locate)
         spec["device"] = self.device.as_runscript_spec()
         spec["distributed_configs"] = [dict(c) for c in self.distributed_configs]
         spec["sentences"] = list(self.sentences)

@@ -48,6 +48,8 @@ def explain(op: str, left: object, right: object) -> list[str] | None:
     # where no evidence line says it already.
     lines = [f"{str(left)!r} == {right!r}", f"{row.model_id}: {row.result}{where}, decided by {row.verdict_basis}"]
     evidence = _parity_lines(row) or _teacher_forced_lines(row) or _repeat_lines(row) or _training_lines(row)
+    # Where inside the model it started comes right after what decided it: the line an engineer reads first.
+    lines += _module_lines(row)
     if row.error and not evidence:
         lines.append(f"error: {row.error}")
     lines += evidence
@@ -57,6 +59,18 @@ def explain(op: str, left: object, right: object) -> list[str] | None:
     script = "train.py (device/ and cpu/)" if row.check == "train" else "run.py"
     lines.append(f"{script}, result.json and log.txt: {left.directory}")
     return lines
+
+
+def _module_lines(row: Row) -> list[str]:
+    """The numerics FAIL's first diverging module (or why none was named)."""
+    if row.diverging_module is not None:
+        kind = f" ({row.diverging_module_kind})" if row.diverging_module_kind else ""
+        inside = f"; last inside: {row.last_inside_module}" if row.last_inside_module else ""
+        return [
+            f"first diverging module: {row.diverging_module}{kind}, distance {row.diverging_distance:.4g} = "
+            f"{row.diverging_ratio:.3g}x the dtype's noise{inside}"
+        ]
+    return [f"module search: {row.locate_note}"] if row.locate_note else []
 
 
 def _training_lines(row: Row) -> list[str]:

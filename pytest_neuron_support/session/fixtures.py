@@ -15,11 +15,13 @@ controller makes its results writer on the first row it receives.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -327,6 +329,18 @@ def neuron_cores(request: pytest.FixtureRequest) -> Iterator[CoreLease]:
         lease.release()
 
 
+@contextlib.contextmanager
+def _lease_again(settings: Settings, node: pytest.Item, count: int) -> Iterator[tuple[int, int]]:
+    """``count`` cores from the host-wide ledger again, for one more device run of ``node``'s check, held
+    while the block runs: (first core, count)."""
+    pool = core_pool(settings)
+    lease = pool.acquire(count, holder=node.nodeid, priority=node.stash.get(cost_key, 0.0))
+    try:
+        yield lease.first, lease.count
+    finally:
+        pool.release(lease)
+
+
 def _asks_for_lease(request: pytest.FixtureRequest) -> bool:
     """Whether the test function itself takes ``neuron_cores`` (not only through ``neuron_run``)."""
     function = getattr(request, "function", None)
@@ -534,6 +548,8 @@ def _check(request: pytest.FixtureRequest, neuron_model: ModelSpec, neuron_plan:
                 planned=row,
                 # The verdict needs no cores: free them once the device run ends.
                 release=lease.release,
+                # A numerics FAIL's module search runs on the device once more, under a lease of its own.
+                relet=partial(_lease_again, settings, node, lease.count),
             )
         except Exception as exc:  # the harness itself broke (disk full, ...): still a row
             row = replace(

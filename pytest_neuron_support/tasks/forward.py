@@ -260,6 +260,10 @@ class ForwardTask(Task):
         matched = checked.match and (decisions is None or decisions.match)
         return replace(row, reference_match=matched, **decision.fields())
 
+    def locate_options(self, row: Row, result: Mapping[str, Any]) -> Mapping[str, Any] | None:
+        """The task's own fixed inputs: the forward that failed is the one searched."""
+        return {"inputs": "the task's fixed inputs"}
+
     def compare_outputs(self, result: Mapping[str, Any], cpu: Mapping[str, Any]) -> Calibrated:
         """Every output the reading names (the scores, then :attr:`Reading.also`), each item against the CPU's
         float32 one beside the CPU's own in the device's dtype, in one calibrated check (a stage per output)."""

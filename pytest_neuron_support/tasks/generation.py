@@ -117,6 +117,19 @@ class TextGeneration(Task):
         decision = decide.sharded(check.forced, judged.failure, mode, len(row.tokens))
         return replace(row, **decision.fields())
 
+    def locate_options(self, row: Row, result: Mapping[str, Any]) -> Mapping[str, Any] | None:
+        """The device's own tokens up to the first bad one (the teacher-forced check's first disagreement, else
+        the free-running divergence): one forward over the prompt and them ends at the logits that chose it; an
+        encoder-decoder's after its decoder prompt."""
+        position = row.first_disagreement if row.first_disagreement is not None else row.first_divergence
+        if position is None:
+            return None
+        prefix = result.get("decoder_prompt_ids")
+        return {
+            "tokens": [int(t) for t in (result.get("tokens") or ())[:position]],
+            "prefix": None if prefix is None else [int(t) for t in prefix],
+        }
+
 
 class ImageTextToText(TextGeneration):
     """``image-text-to-text``: the processor and ``AutoModelForImageTextToText``; run.py's own test card

@@ -253,6 +253,11 @@ class Task:
         checks this task needs, their evidence into the row, and the decision."""
         raise NotImplementedError(f"{self.name}: no verdict")
 
+    def locate_options(self, row: Row, result: Mapping[str, Any]) -> Mapping[str, Any] | None:
+        """What run.py's module search (``SPEC["locate"]``) feeds a numerics FAIL's one forward, or None where
+        this task has none yet (the row says so)."""
+        return None
+
 
 def rounded(value: float | None) -> float | None:
     return None if value is None else round(float(value), 3)

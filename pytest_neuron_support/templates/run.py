@@ -30,6 +30,14 @@ rank, and its deficit to the top-1 (the device's tokens scored under the device'
 reference run (SPEC["score_own_tokens"]) scores its own tokens the same way after generating. A
 text-to-image check replays the device's recording instead (SPEC["task_options"]["forced_io"]).
 
+With SPEC["locate"] set (the harness sets it only after a numerics FAIL, on the tasks that support it), the
+script runs ONE forward pass at the first bad position with a hook on every module instead: on the device it
+saves every module's output; on the CPU it scores each against float32, next to the dtype's own noise
+(locate_modules below), which names the first module that diverges.
+
+With SPEC["capture_compile_failure"] set (the harness's rerun of a compile ERROR), Dynamo's repro settings are
+on: the graph the backend fails on is written as repro.py beside this script.
+
 Every result has timings, peak memory, the stack's versions and the libraries' (libraries), and the
 operations that fell back to the host (fallback_ops; fallback_ops_unavailable where this wheel cannot
 say), or the stage that failed with the exception.
@@ -68,6 +76,11 @@ from tasks import COMPILED_CALL, load, prepare_task, run_task  # noqa: E402  # @
 def run():
     import torch
 
+    if SPEC.get("capture_compile_failure"):
+        # A compile ERROR's rerun: Dynamo writes the graph the backend fails on as repro.py in this folder (the
+        # graph, its inputs under checkpoints/), a script that fails the same way with no model and no harness.
+        torch._dynamo.config.repro_after = "dynamo"
+        torch._dynamo.config.repro_level = 1
     # Kept by a failed result too (FACTS): which versions of the libraries above ran, whatever failed.
     FACTS["libraries"] = library_versions()
     facts = {}
@@ -103,6 +116,197 @@ def run():
         },
         **facts,
     }
+
+
+#: Where the device side of a locate run writes every module's output (in its own folder).
+TRACE_FILE = "trace.pt"
+
+
+def traced(torch, model, call):
+    """Every module's output of one ``call()`` (hooks on every module of ``model``), in the order the
+    modules finished: each module's first floating-point tensor output, as float32 on the host, keyed
+    by its path (``model.layers.1.mlp.down_proj``; a module called again gets ``#2``, ``#3``). Hooks
+    only read: the outputs are copied to the host after the call, outside any compiled graph."""
+    recorded = {}
+    kinds = {}
+
+    def hook(name, kind):
+        def record(module, args, output):
+            tensor = first_tensor(output)
+            if tensor is None:
+                return
+            key, n = name, 2
+            while key in recorded:
+                key, n = f"{name}#{n}", n + 1
+            recorded[key] = tensor.detach()
+            kinds[key] = kind
+
+        return record
+
+    handles = [
+        module.register_forward_hook(hook(name or "(root)", type(module).__name__))
+        for name, module in model.named_modules()
+    ]
+    try:
+        with torch.no_grad():
+            call()
+        synchronize(torch)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return {key: value.to("cpu", torch.float32) for key, value in recorded.items()}, kinds
+
+
+def first_tensor(output):
+    """A module's first floating-point tensor output (its hidden states; an attention's output before its
+    weights), or None (an integer tensor, a module that returns none)."""
+    if hasattr(output, "is_floating_point"):
+        return output if output.is_floating_point() else None
+    values = output.values() if isinstance(output, dict) else output if isinstance(output, (list, tuple)) else ()
+    for value in values:
+        found = first_tensor(value)
+        if found is not None:
+            return found
+    return None
+
+
+def locate_modules(torch, model, call):
+    """One forward pass with every module's output recorded: the first diverging module's evidence
+    (SPEC["locate"], set by the harness only after a numerics FAIL).
+
+    ``call(forward)`` runs the task's forward at the first bad position. On the device
+    (SPEC["locate"]["device_trace"] unset) it runs through ``torch.compile`` with the device's backend, as
+    the device run did, and every module's output is saved to TRACE_FILE. On the CPU (the device's trace
+    given) it runs eagerly in float32 and again in the device's dtype, and each module's output is scored
+    in execution order: the device's relative distance from float32 next to the dtype's own noise (the
+    calibrated tolerance rule's two numbers, judged by the harness)."""
+    options = SPEC["locate"]
+    if options.get("module"):
+        return reproduce_module(torch, model, call)
+    enter("locate")
+    start = time.perf_counter()
+    if options.get("device_trace") is None:
+        forward = model
+        if SPEC["compile"]:
+            forward = torch.compile(model, backend=SPEC["compile_backend"], dynamic=False, mode="default")
+        outputs, kinds = traced(torch, model, lambda: call(forward))
+        torch.save(outputs, TRACE_FILE)
+        return {
+            "trace": os.path.abspath(TRACE_FILE),
+            "modules": len(outputs),
+            "tokens": [],
+            "locate_s": time.perf_counter() - start,
+        }
+    float32, kinds = traced(torch, model, lambda: call(model))
+    model.to(getattr(torch, options["noise_dtype"]))
+    rounded, _ = traced(torch, model, lambda: call(model))
+    device = torch.load(options["device_trace"])
+    scores, unpaired = [], [name for name in device if name not in float32]
+    for name, reference in float32.items():
+        mine = device.get(name)
+        if mine is None or mine.shape != reference.shape or name not in rounded:
+            unpaired.append(name)
+            continue
+        scores.append(
+            {
+                "module": name,
+                "kind": kinds[name],
+                "shape": list(reference.shape),
+                "distance": relative(torch, mine, reference),
+                "noise": relative(torch, rounded[name], reference),
+            }
+        )
+    return {"modules": scores, "unpaired": unpaired, "tokens": [], "locate_s": time.perf_counter() - start}
+
+
+#: Where the module reproducer keeps the diverging module's recorded inputs (in its own folder).
+MODULE_INPUTS = "module_inputs.pt"
+
+
+def reproduce_module(torch, model, call):
+    """The first diverging module alone (SPEC["locate"]["module"]): the standalone reproducer of a numerics FAIL.
+
+    Its inputs are recorded from the CPU model in float32 (a pre-hook on the module during the forward at the
+    first bad position; every module before it was inside the tolerance on the device) and kept in
+    MODULE_INPUTS. Then the module alone runs on them: on the device as loaded above (post-load code included),
+    compiled with the device's backend as the run was, and on the CPU in float32 and in the device's dtype. It
+    prints the device's distance from float32, the dtype's own noise and their ratio against the calibrated
+    rule's multiple."""
+    import transformers
+
+    options = SPEC["locate"]
+    name = options["module"]
+    enter("locate")
+    common = {"revision": SPEC["revision"], "trust_remote_code": SPEC["trust_remote_code"]}
+    reference = getattr(transformers, SPEC["auto_class"]).from_pretrained(SPEC["model"], dtype=torch.float32, **common)
+    reference.eval()
+    recorded = {}
+
+    def record(module, args, kwargs):
+        recorded.setdefault("args", args)
+        recorded.setdefault("kwargs", kwargs)
+
+    handle = reference.get_submodule(name).register_forward_pre_hook(record, with_kwargs=True)
+    try:
+        with torch.no_grad():
+            call(reference)
+    finally:
+        handle.remove()
+    torch.save(recorded, MODULE_INPUTS)
+    alone = reference.get_submodule(name)
+    on_device = model.get_submodule(name)
+    forward = on_device
+    if SPEC["compile"]:
+        forward = torch.compile(on_device, backend=SPEC["compile_backend"], dynamic=False, mode="default")
+    weights = next(model.parameters())
+    dtype = getattr(torch, options["noise_dtype"])
+    with torch.no_grad():
+        float32 = first_tensor(alone(*recorded["args"], **recorded["kwargs"])).float()
+        device = first_tensor(
+            forward(
+                *placed(recorded["args"], weights.device, weights.dtype),
+                **placed(recorded["kwargs"], weights.device, weights.dtype),
+            )
+        )
+        device = device.to("cpu", torch.float32)
+        alone.to(dtype)
+        rounded = first_tensor(
+            alone(*placed(recorded["args"], "cpu", dtype), **placed(recorded["kwargs"], "cpu", dtype))
+        )
+        rounded = rounded.float()
+    distance, noise = relative(torch, device, float32), relative(torch, rounded, float32)
+    floor = max(noise, options["floor"]) if noise == noise else float("nan")
+    ratio = distance / floor if distance == distance and floor == floor else float("inf")
+    verdict = "OUT OF" if not ratio <= options["multiple"] else "inside"
+    print(
+        f"{name} ({type(on_device).__name__}) alone on its recorded inputs: the device's relative distance from "
+        f"float32 {distance:.4g}, the dtype's own noise {noise:.4g}: ratio {ratio:.3g} ({verdict} tolerance, "
+        f"at most {options['multiple']:g}x)",
+        flush=True,
+    )
+    return {"module": name, "distance": distance, "noise": noise, "ratio": ratio, "tokens": []}
+
+
+def placed(value, device, dtype):
+    """``value`` (a module's positional or keyword inputs, nested) on ``device``, floating tensors in ``dtype``."""
+    if hasattr(value, "is_floating_point"):
+        return value.to(device, dtype) if value.is_floating_point() else value.to(device)
+    if isinstance(value, dict):
+        return {key: placed(item, device, dtype) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(placed(item, device, dtype) for item in value)
+    return value
+
+
+def relative(torch, output, reference):
+    """|output - reference| / |reference| (NaN when either holds a non-finite value)."""
+    if not (bool(torch.isfinite(output).all()) and bool(torch.isfinite(reference).all())):
+        return float("nan")
+    scale = float(torch.linalg.vector_norm(reference.double()))
+    difference = float(torch.linalg.vector_norm((output - reference).double()))
+    if scale == 0.0:
+        return float("inf") if difference > 0 else 0.0
+    return difference / scale
 
 
 def compiled_graphs(torch, counters, before):

@@ -59,6 +59,7 @@ from pytest_neuron_support.hub import HubError, HubRanking, fetch_all, load_snap
 from pytest_neuron_support.run import neffcache
 from pytest_neuron_support.run.runscript import template
 from pytest_neuron_support.tasks.table import RANKED_TASKS, TASKS
+from pytest_neuron_support.viewer.story import story
 
 #: AWS's pip index for neuronx-cc and torch-neuronx (the PyPI names are placeholders).
 NEURON_PIP_INDEX = "https://pip.repos.neuron.amazonaws.com"
@@ -117,6 +118,12 @@ DETAIL_COLUMNS: tuple[str, ...] = (
     "evidence_distance",
     "noise_floor",
     "noise_ratio",
+    "diverging_module",
+    "diverging_ratio",
+    "last_inside_module",
+    "locate_note",
+    "compiler_error_code",
+    "reproducer",
     "numeric_stages",
     "numeric_ratios",
     "denoise_step_s",
@@ -389,10 +396,15 @@ def _newest(rows: Iterable[Row]) -> str:
 
 
 def report_data(
-    rows: Sequence[Row], catalog: Catalog | None, hub_view: HubView, images: Mapping[int, dict[str, str]] | None = None
+    rows: Sequence[Row],
+    catalog: Catalog | None,
+    hub_view: HubView,
+    images: Mapping[int, dict[str, str]] | None = None,
+    results_dir: Path | None = None,
 ) -> dict[str, Any]:
     """Everything the page shows, as JSON-ready data (embedded verbatim in ``index.html``). ``images``: by
-    a row's index in ``rows``, its images as the page shows them (:func:`embedded_images`)."""
+    a row's index in ``rows``, its images as the page shows them (:func:`embedded_images`); ``results_dir``: where
+    the rows' run folders are (a compile ERROR's reproducer is read from there)."""
     extra = {spec.id: spec.extra_packages for spec in (catalog.models if catalog else ())}
     by_stack: dict[str, list[Row]] = {}
     for row in rows:
@@ -422,6 +434,10 @@ def report_data(
     ):
         again = reproduction(row, extra.get(row.model_id, ()))
         record = {name: _json_value(value) for name, value in dataclasses.asdict(row).items()}
+        # The row's page tells the whole story, as `neuron-support explain` prints it, and carries a compile
+        # ERROR's reproducer (the run folders it lives in are not published with the site).
+        record["story"] = story(row, by_stack[stack_stem(row)], again.instructions())
+        record["reproducer_script"] = reproducer_text(row, results_dir)
         record.update(shown.get(index, {}))
         record.update(
             stack=again.stack,
@@ -486,6 +502,23 @@ def report_data(
         "catalog": {"path": catalog.path.name if catalog else None, "models": catalog_models},
         "hub": hub_view.to_dict(),
     }
+
+
+#: The largest reproducer the page embeds (a graph of a large model's every layer is larger; its path is shown).
+REPRODUCER_EMBED_BYTES = 256 << 10
+
+
+def reproducer_text(row: Row, results_dir: Path | None) -> str | None:
+    """A compile ERROR's reproducer script as the page shows it: its text, or where it is when it is too large
+    to embed or gone from the results folder; None for a row without one."""
+    if not row.reproducer:
+        return None
+    path = None if results_dir is None else results_dir / row.reproducer
+    if path is None or not path.is_file():
+        return f"# {row.reproducer} is not beside this report: rerun the model to write it again"
+    if path.stat().st_size > REPRODUCER_EMBED_BYTES:
+        return f"# {path} is {path.stat().st_size:,} bytes, too large to embed: read it there"
+    return path.read_text(encoding="utf-8")
 
 
 def embed_json(data: Any) -> str:
@@ -585,7 +618,7 @@ def write_report(results_dir: Path, catalog: Catalog | None, hub_view: HubView, 
     """Write the viewer folder for the dataset under ``results_dir``."""
     rows = read_dataset(results_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    data = report_data(rows, catalog, hub_view, embedded_images(rows, results_dir))
+    data = report_data(rows, catalog, hub_view, embedded_images(rows, results_dir), results_dir)
     index = out_dir / "index.html"
     index.write_text(render_html(data), encoding="utf-8")
     (out_dir / "README.md").write_text(render_space_card(), encoding="utf-8")

@@ -24,7 +24,7 @@ Spliced into run.py in place of its @@TASK@@ import; see text.py.
 
 from __future__ import annotations
 
-from run import PREPROCESSOR, SPEC, cold_then_warm, fixed_audio, fixed_image
+from run import PREPROCESSOR, SPEC, cold_then_warm, fixed_audio, fixed_image, locate_modules
 
 # isort: split
 # @@TASK@@
@@ -261,5 +261,24 @@ def prepare_task():
     return None
 
 
+def locate_call(torch, preprocessor, model):
+    """The forward the first diverging module is looked for in: the task's own fixed inputs, on the model's
+    device, floating ones in the weights' dtype at each call (the CPU side runs float32, then the device's dtype)."""
+    batch, _ = forward_batch(torch, preprocessor)
+
+    def call(forward):
+        weights = next(forward.parameters())  # the model it runs on: the device's, or a CPU copy
+        return forward(
+            **{
+                key: value.to(weights.device, weights.dtype) if value.is_floating_point() else value.to(weights.device)
+                for key, value in batch.items()
+            }
+        )
+
+    return call
+
+
 def run_task(torch, preprocessor, model, state):
+    if SPEC.get("locate"):
+        return locate_modules(torch, model, locate_call(torch, preprocessor, model))
     return run_forward(torch, preprocessor, model)

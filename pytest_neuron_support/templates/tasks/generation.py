@@ -1,6 +1,7 @@
 """run.py's generation (``text-generation``, ``image-text-to-text``): greedy tokens with a static cache,
 twice (the first compiles the decoding step with the device's backend, the second is timed warm); or,
-with SPEC["forced_tokens"], the teacher-forced CPU check of a device run's tokens.
+with SPEC["forced_tokens"], the teacher-forced CPU check of a device run's tokens; or, with SPEC["locate"],
+one forward at the first bad token with every module's output recorded (run.py's locate_modules).
 
 Spliced into run.py after its inputs fragment (text.py or vision.py, which define PREPROCESSOR and
 task_inputs); see text.py.
@@ -8,7 +9,7 @@ task_inputs); see text.py.
 
 from __future__ import annotations
 
-from run import SPEC, cold_then_warm, enter, task_inputs
+from run import SPEC, cold_then_warm, enter, locate_modules, task_inputs
 
 # isort: split
 # @@TASK@@
@@ -137,21 +138,7 @@ def score_tokens(torch, model, inputs, tokens, prefix=None):
     encoder-decoder's tokens follow its decoder prompt (``prefix``) on the decoder side."""
     if not tokens:
         return []
-    if prefix is not None:
-        n_prompt = len(prefix)
-        full = {**inputs, "decoder_input_ids": torch.tensor([[*prefix, *tokens]], dtype=torch.long)}
-    else:
-        n_prompt = int(inputs["input_ids"].shape[1])
-        extra = torch.tensor([tokens], dtype=inputs["input_ids"].dtype)
-        full = {}
-        for key, value in inputs.items():
-            if key == "input_ids":
-                value = torch.cat([value, extra], dim=1)
-            elif hasattr(value, "dim") and value.dim() == 2 and value.shape[1] == n_prompt:
-                # Per-token inputs follow the tokens: attend to every one, text type for the rest.
-                fill = torch.ones_like(extra) if key == "attention_mask" else torch.zeros_like(extra)
-                value = torch.cat([value, fill.to(value.dtype)], dim=1)
-            full[key] = value
+    n_prompt, full = followed_by(torch, inputs, tokens, prefix)
     with torch.no_grad():
         logits = model(**full, use_cache=False).logits
     # The logits at position p predict the token at p + 1: the prompt's last one predicts token 0.
@@ -176,6 +163,47 @@ def score_tokens(torch, model, inputs, tokens, prefix=None):
     return positions
 
 
+def followed_by(torch, inputs, tokens, prefix=None):
+    """(the prompt's length, the inputs followed by ``tokens``): a decoder-only model's prompt ids extended
+    (its per-token inputs with them), an encoder-decoder's decoder prompt (``prefix``) and then the tokens."""
+    if prefix is not None:
+        return len(prefix), {**inputs, "decoder_input_ids": torch.tensor([[*prefix, *tokens]], dtype=torch.long)}
+    n_prompt = int(inputs["input_ids"].shape[1])
+    extra = torch.tensor([tokens], dtype=inputs["input_ids"].dtype)
+    full = {}
+    for key, value in inputs.items():
+        if key == "input_ids":
+            value = torch.cat([value, extra], dim=1)
+        elif hasattr(value, "dim") and value.dim() == 2 and value.shape[1] == n_prompt:
+            # Per-token inputs follow the tokens: attend to every one, text type for the rest.
+            fill = torch.ones_like(extra) if key == "attention_mask" else torch.zeros_like(extra)
+            value = torch.cat([value, fill.to(value.dtype)], dim=1)
+        full[key] = value
+    return n_prompt, full
+
+
+def locate_call(torch, preprocessor, model):
+    """The forward the first diverging module is looked for in: the prompt followed by the device's tokens
+    up to the first bad one (SPEC["locate"]["tokens"]), whose last logits chose it; an encoder-decoder's
+    after its decoder prompt. Every input on the model's device (a direct forward, which generate() is not,
+    moves nothing itself), a vision input's pixels in the weights' dtype at each call (the CPU side runs it
+    in float32 and then in the device's dtype)."""
+    options = SPEC["locate"]
+    inputs, _ = task_inputs(torch, preprocessor, model)
+    _, full = followed_by(torch, inputs, [int(t) for t in options["tokens"]], options.get("prefix"))
+
+    def call(forward):
+        weights = next(forward.parameters())  # the model it runs on: the device's, or a CPU copy
+        placed = {
+            key: value.to(weights.device, weights.dtype) if value.is_floating_point() else value.to(weights.device)
+            for key, value in full.items()
+            if hasattr(value, "is_floating_point")
+        }
+        return forward(**{**full, **placed}, use_cache=False)
+
+    return call
+
+
 def run_teacher_forced(torch, preprocessor, model):
     inputs, _ = task_inputs(torch, preprocessor, model)
     # An encoder-decoder's tokens are scored after the device run's own decoder prompt.
@@ -198,6 +226,8 @@ def prepare_task():
 
 def run_task(torch, preprocessor, model, state):
     """The teacher-forced CPU check when SPEC["forced_tokens"] is set, else the generation."""
+    if SPEC.get("locate"):
+        return locate_modules(torch, model, locate_call(torch, preprocessor, model))
     if SPEC.get("forced_tokens") is not None:
         return run_teacher_forced(torch, preprocessor, model)
     return run_generation(torch, preprocessor, model)

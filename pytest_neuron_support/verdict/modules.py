@@ -1,0 +1,91 @@
+"""The first diverging module: where, inside the model, a numerics FAIL starts.
+
+After a numerics FAIL the harness reruns one forward at the first bad position (the device's own prefix)
+on the device and on CPU with a hook on every module (``cpu.locate``); the CPU side scores each module's
+output, in the order the modules finished, with the calibrated tolerance rule's two numbers (the device's
+distance from float32, the CPU's own dtype noise). The first module out of tolerance is where the device
+first computed wrong: the modules before it were inside, so its inputs were right. Forward hooks fire when
+a module finishes, so a leaf (``mlp.down_proj``) comes before the block that holds it (``mlp``, ``layers.1``):
+the first one out is the innermost.
+
+Pure functions of plain data: the controller never imports torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pytest_neuron_support.verdict.tolerance import MULTIPLE, Comparison, calibrated
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """The module search's outcome.
+
+    Attributes:
+        first: the first module out of tolerance (its ``stage`` is the module's path), None when every module
+            was inside or nothing was compared.
+        kind: that module's class name.
+        last_inside: the last module before it that was inside (None when the very first was out).
+        compared: how many module outputs were compared.
+        problem: why nothing could be named (nothing compared), else None.
+    """
+
+    first: Comparison | None
+    kind: str | None
+    last_inside: str | None
+    compared: int
+    problem: str | None = None
+
+    def describe(self) -> str:
+        """The search in words, for a FAIL's error and the assertion message."""
+        if self.problem is not None:
+            return f"no module named: {self.problem}"
+        if self.first is None:
+            return (
+                f"every one of {self.compared} module outputs was inside the tolerance on the rerun: the divergence "
+                "did not repeat in one forward with hooks (a fault in generate()'s decoding graph, not in a module?)"
+            )
+        kind = f" ({self.kind})" if self.kind else ""
+        inside = f"; the last module inside was {self.last_inside}" if self.last_inside else ""
+        return (
+            f"first diverging module {self.first.stage}{kind}: relative distance from float32 "
+            f"{self.first.distance:.4g}, {self.first.ratio:.3g}x the dtype's own noise {self.first.floor:.3g} "
+            f"(at most {MULTIPLE:g}x){inside}"
+        )
+
+
+def first_diverging(scores: Sequence[Mapping[str, Any]], unpaired: Sequence[str] = ()) -> Divergence:
+    """The first module out of tolerance among ``scores`` (each ``module``, ``kind``, ``distance`` and
+    ``noise``, in execution order), and the last one inside before it. ``unpaired`` are modules only one side
+    recorded (or of other shapes): they are left out, and only when nothing is left is that the problem."""
+    checked = calibrated(
+        [{"stage": s["module"], "step": 0, "distance": s["distance"], "noise": s["noise"]} for s in scores]
+    )
+    if not checked.comparisons:
+        why = "no module output was recorded on both sides"
+        if unpaired:
+            why += f" ({len(unpaired)} on one side only, e.g. {', '.join(list(unpaired)[:3])})"
+        return Divergence(None, None, None, 0, why)
+    last_inside: str | None = None
+    for score, comparison in zip(scores, checked.comparisons, strict=True):
+        if not comparison.ok:
+            return Divergence(comparison, score.get("kind"), last_inside, len(checked.comparisons))
+        last_inside = comparison.stage
+    return Divergence(None, None, last_inside, len(checked.comparisons))
+
+
+def row_fields(divergence: Divergence) -> dict[str, Any]:
+    """The row's module-search columns (``data.records.Row``)."""
+    first = divergence.first
+    note = f"located: {divergence.compared} module outputs compared" if first is not None else divergence.describe()
+    return {
+        "diverging_module": None if first is None else first.stage,
+        "diverging_module_kind": divergence.kind,
+        "diverging_distance": None if first is None else float(f"{first.distance:.6g}"),
+        "diverging_ratio": None if first is None else float(f"{first.ratio:.6g}"),
+        "last_inside_module": divergence.last_inside if first is not None else None,
+        "locate_note": note,
+    }
