@@ -443,3 +443,25 @@ def test_a_wheel_without_the_fallback_op_list_runs_and_says_the_ops_are_unknown(
     row = Task("text-generation").with_result(Row(model_id="tiny-random/gpt2", result="ERROR"), result)
     assert row.fallback_ops == () and row.libraries == tuple(result["libraries"])
     assert row.fallback_ops_unknown == unknown
+
+
+def test_no_task_fragment_defines_a_name_run_py_or_common_py_defines() -> None:
+    """The fragments are spliced into run.py's own namespace, before run.py's functions: a fragment's function of
+    the same name as one of run.py's (or common.py's) would be replaced by it at import, silently (as a
+    ``first_tensor`` of text_to_image.py once was by run.py's module search)."""
+    import pytest_neuron_support
+
+    templates = Path(pytest_neuron_support.__file__).resolve().parent / "templates"
+
+    def defined(path: Path) -> set[str]:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        names = {node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
+        names |= {
+            t.id for node in tree.body if isinstance(node, ast.Assign) for t in node.targets if isinstance(t, ast.Name)
+        }
+        return names
+
+    shared = defined(templates / "run.py") | defined(templates / "common.py")
+    for fragment in sorted((templates / "tasks").glob("*.py")):
+        clash = (defined(fragment) & shared) - {"PREPROCESSOR"}
+        assert not clash, f"{fragment.name} defines {sorted(clash)}, which run.py or common.py defines too"

@@ -132,7 +132,7 @@ def traced(torch, model, call):
 
     def hook(name, kind):
         def record(module, args, output):
-            tensor = first_tensor(output)
+            tensor = traced_tensor(output)
             if tensor is None:
                 return
             key, n = name, 2
@@ -157,14 +157,14 @@ def traced(torch, model, call):
     return {key: value.to("cpu", torch.float32) for key, value in recorded.items()}, kinds
 
 
-def first_tensor(output):
+def traced_tensor(output):
     """A module's first floating-point tensor output (its hidden states; an attention's output before its
     weights), or None (an integer tensor, a module that returns none)."""
     if hasattr(output, "is_floating_point"):
         return output if output.is_floating_point() else None
     values = output.values() if isinstance(output, dict) else output if isinstance(output, (list, tuple)) else ()
     for value in values:
-        found = first_tensor(value)
+        found = traced_tensor(value)
         if found is not None:
             return found
     return None
@@ -261,8 +261,8 @@ def reproduce_module(torch, model, call):
     weights = next(model.parameters())
     dtype = getattr(torch, options["noise_dtype"])
     with torch.no_grad():
-        float32 = first_tensor(alone(*recorded["args"], **recorded["kwargs"])).float()
-        device = first_tensor(
+        float32 = traced_tensor(alone(*recorded["args"], **recorded["kwargs"])).float()
+        device = traced_tensor(
             forward(
                 *placed(recorded["args"], weights.device, weights.dtype),
                 **placed(recorded["kwargs"], weights.device, weights.dtype),
@@ -270,7 +270,7 @@ def reproduce_module(torch, model, call):
         )
         device = device.to("cpu", torch.float32)
         alone.to(dtype)
-        rounded = first_tensor(
+        rounded = traced_tensor(
             alone(*placed(recorded["args"], "cpu", dtype), **placed(recorded["kwargs"], "cpu", dtype))
         )
         rounded = rounded.float()
