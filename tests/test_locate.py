@@ -296,3 +296,30 @@ def test_a_planted_compile_failure_is_reproduced_standalone(
         assert ended.startswith("ENDED: BackendCompilerFailed "), ended
         assert "CompilerError: NCC_IXTP002: the compiler cannot lower" in ended, ended
         assert "IMPORTED: []" in done.stdout, done.stdout
+
+
+def test_only_the_backends_own_compile_failure_is_rerun_for_a_reproducer() -> None:
+    """A compile ERROR that is not the backend failing on a graph (a pipeline's post-processing reported at compile,
+    Dynamo's own tracing, a run that compiled nothing) has no graph for Dynamo to write: it is not rerun."""
+    from typing import Any, cast
+
+    from pytest_neuron_support.run.repro import capture_compile_failure
+
+    class NoRerun:
+        """A job whose every run fails the test."""
+
+        sharded = False
+        relet = None
+
+        def execute(self, *args: Any, **kwargs: Any) -> Any:
+            raise AssertionError("rerun")
+
+    job, spec = cast(Any, NoRerun()), cast(Any, None)
+    found = capture_compile_failure(job, spec, "TypeError: Got unsupported ScalarType BFloat16")
+    assert found.script is None
+    assert found.note == (
+        "not captured: TypeError is not the backend failing on a graph (BackendCompilerFailed), not rerun"
+    )
+    # The backend's own failure gets past that guard (here to the missing lease, which a session always has).
+    found = capture_compile_failure(job, spec, "BackendCompilerFailed: backend='neuron' raised: CompilationError")
+    assert found.note == "not captured: no lease to run the device again on"

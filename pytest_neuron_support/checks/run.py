@@ -77,8 +77,9 @@ def run_check(
         failed = decide.run_failed(status, stage_name(stage, False), scrub(error, environ) or "")
         row = replace(row, **failed.fields(), compiler_error_code=compiler_error_code(failed.error))
         if status == "ERROR" and failed.failure_stage == "compile" and isinstance(spec, RunSpec):
-            # The graph the backend failed on, as a script of its own: one more device run, for a compile ERROR only.
-            captured = capture_compile_failure(job, spec)
+            # The graph the backend failed on, as a script of its own: one more device run, for the backend's compile
+            # ERROR only (run.repro says which).
+            captured = capture_compile_failure(job, spec, failed.error or "")
             script = None if captured.script is None else relative_to(captured.script, settings.results_dir)
             row = replace(row, reproducer=script, reproducer_note=captured.note)
         return row

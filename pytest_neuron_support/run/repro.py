@@ -4,8 +4,9 @@
 Dynamo writes that graph as ``repro.py`` in the run's folder (its inputs under ``checkpoints/``), a script
 that compiles the graph with the same backend and fails the same way, with no model, no transformers and no
 harness. ``python3 repro.py run --no-save-dir`` runs it on random inputs of the same shapes: without the
-model's weights. Only a compile ERROR pays for it (one more device run, under a lease of the same cores taken
-again); a sharded run is not rerun (every rank would write its repro.py into the one folder).
+model's weights. Only a compile ERROR that is the backend's (``BackendCompilerFailed``) pays for it (one more
+device run, under a lease of the same cores taken again); a sharded run is not rerun (every rank would write its
+repro.py into the one folder).
 """
 
 from __future__ import annotations
@@ -36,9 +37,20 @@ class Reproducer:
     note: str
 
 
-def capture_compile_failure(job: Job, spec: RunSpec) -> Reproducer:
-    """Run ``spec`` (the device run that failed at compile) again with Dynamo's repro settings, in
-    :data:`FOLDER`; the script Dynamo wrote, if any."""
+#: How Dynamo reports an exception its backend raised while compiling a graph (``BackendCompilerFailed``): the
+#: only compile ERROR its repro machinery captures. Another one (Dynamo's own tracing, a check that compiled
+#: nothing, a pipeline's post-processing reported at compile) is not rerun: there is no graph to write.
+BACKEND_FAILED = "BackendCompilerFailed"
+
+
+def capture_compile_failure(job: Job, spec: RunSpec, error: str) -> Reproducer:
+    """Run ``spec`` (the device run that failed at compile with ``error``) again with Dynamo's repro settings, in
+    :data:`FOLDER`; the script Dynamo wrote, if the rerun failed the same way."""
+    if not error.startswith(BACKEND_FAILED):
+        kind = error.split(":", 1)[0] or "an error"
+        return Reproducer(
+            None, f"not captured: {kind} is not the backend failing on a graph ({BACKEND_FAILED}), not rerun"
+        )
     if job.sharded:
         return Reproducer(None, f"not captured: a sharded run ({job.plan.cores} ranks would each write repro.py)")
     if job.relet is None:
@@ -51,20 +63,17 @@ def capture_compile_failure(job: Job, spec: RunSpec) -> Reproducer:
             device_run_env(settings, job.environ, settings.device.pin_cores(first, count)),
         )
     script = job.workdir / FOLDER / SCRIPT
-    if script.is_file():
+    result = outcome.result or {}
+    # Written for this very failure only: a rerun that failed another way (or passed) leaves no reproducer of it.
+    if script.is_file() and result.get("error_type") == BACKEND_FAILED:
         return Reproducer(
             script,
             f"captured by Dynamo's repro_after='dynamo' on a rerun ({outcome.wall_s:.1f} s): "
             f"python3 {SCRIPT} fails as the run did; python3 {SCRIPT} run --no-save-dir does on random inputs",
         )
-    result = outcome.result or {}
     stage = result.get("stage") or outcome.last_stage
-    ended = "passed" if result.get("ok") else f"failed at {stage}"
-    return Reproducer(
-        None,
-        f"not captured: the rerun {ended} and Dynamo wrote no {SCRIPT} (the failure is not the backend's, "
-        "compiling a graph Dynamo captured)",
-    )
+    ended = "passed" if result.get("ok") else f"failed at {stage} with {result.get('error_type') or 'no result'}"
+    return Reproducer(None, f"not captured: the rerun {ended}, and Dynamo wrote no {SCRIPT} of this failure")
 
 
 def relative_to(path: Path, root: Path) -> str:
