@@ -303,23 +303,38 @@ def test_only_the_backends_own_compile_failure_is_rerun_for_a_reproducer() -> No
     Dynamo's own tracing, a run that compiled nothing) has no graph for Dynamo to write: it is not rerun."""
     from typing import Any, cast
 
+    from pytest_neuron_support.devices.table import DEVICES
     from pytest_neuron_support.run.repro import capture_compile_failure
+    from pytest_neuron_support.run.runscript import RunSpec
 
-    class NoRerun:
-        """A job whose every run fails the test."""
+    class NoLease:
+        """A job with no lease to rerun on, that counts the reruns asked of it."""
 
         sharded = False
-        relet = None
+        reruns = 0
 
-        def execute(self, *args: Any, **kwargs: Any) -> Any:
-            raise AssertionError("rerun")
+        def rerun_on_device(self, spec: RunSpec, folder: str) -> None:
+            assert spec.capture_compile_failure and folder == "compile-repro"
+            self.reruns += 1
 
-    job, spec = cast(Any, NoRerun()), cast(Any, None)
+    stub = NoLease()
+    job = cast(Any, stub)
+    spec = RunSpec(
+        model="org/m",
+        revision="main",
+        task="text-generation",
+        dtype="bfloat16",
+        prompt="",
+        max_new_tokens=1,
+        device=DEVICES["cpu"],
+        compile=True,
+        compile_backend="inductor",
+    )
     found = capture_compile_failure(job, spec, "TypeError: Got unsupported ScalarType BFloat16")
-    assert found.script is None
+    assert found.script is None and stub.reruns == 0
     assert found.note == (
         "not captured: TypeError is not the backend failing on a graph (BackendCompilerFailed), not rerun"
     )
     # The backend's own failure gets past that guard (here to the missing lease, which a session always has).
     found = capture_compile_failure(job, spec, "BackendCompilerFailed: backend='neuron' raised: CompilationError")
-    assert found.note == "not captured: no lease to run the device again on"
+    assert found.note == "not captured: no lease to run the device again on" and stub.reruns == 1

@@ -20,7 +20,6 @@ from pytest_neuron_support.cpu.reference import ReferenceRun
 from pytest_neuron_support.data.records import Row
 from pytest_neuron_support.devices.table import DEVICES
 from pytest_neuron_support.run.context import Job
-from pytest_neuron_support.run.repro import relative_to
 from pytest_neuron_support.run.runscript import RunSpec, TrainSpec
 from pytest_neuron_support.run.settings import Settings
 from pytest_neuron_support.tasks.table import task_of
@@ -98,7 +97,7 @@ class InferenceCheck:
         if first is not None:
             fields["error"] = f"{row.error}; {found.divergence.describe()}"
             script = module_reproducer(job, spec, options, first.stage)
-            fields["reproducer"] = relative_to(script, job.settings.results_dir)
+            fields["reproducer"] = job.in_results(script)
             fields["reproducer_note"] = (
                 f"the first diverging module alone: python3 run.py --out result.json (on the device) feeds "
                 f"{first.stage} the inputs it records from the CPU model and prints its distance and ratio"

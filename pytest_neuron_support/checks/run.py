@@ -21,7 +21,7 @@ from pytest_neuron_support.data.signatures import compiler_error_code
 from pytest_neuron_support.planning.planner import Plan
 from pytest_neuron_support.run.context import Job, device_run_env
 from pytest_neuron_support.run.execution import failure_of, stage_name
-from pytest_neuron_support.run.repro import capture_compile_failure, relative_to
+from pytest_neuron_support.run.repro import capture_compile_failure
 from pytest_neuron_support.run.runscript import RunSpec
 from pytest_neuron_support.run.settings import Settings, run_dir
 from pytest_neuron_support.verdict import decide
@@ -80,7 +80,7 @@ def run_check(
             # The graph the backend failed on, as a script of its own: one more device run, for the backend's compile
             # ERROR only (run.repro says which).
             captured = capture_compile_failure(job, spec, failed.error or "")
-            script = None if captured.script is None else relative_to(captured.script, settings.results_dir)
+            script = None if captured.script is None else job.in_results(captured.script)
             row = replace(row, reproducer=script, reproducer_note=captured.note)
         return row
     return kind.locate(job, kind.decide(job, row, result, side), result, spec)

@@ -22,7 +22,7 @@ from typing import Any
 
 from pytest_neuron_support.base.redaction import scrub
 from pytest_neuron_support.base.storage import write_atomic
-from pytest_neuron_support.run.context import Job, device_run_env
+from pytest_neuron_support.run.context import Job
 from pytest_neuron_support.run.execution import failure_of
 from pytest_neuron_support.run.runscript import RunSpec, render
 from pytest_neuron_support.verdict.modules import Divergence, first_diverging
@@ -58,15 +58,9 @@ def locate(job: Job, device: RunSpec, cpu: RunSpec, options: Mapping[str, Any]) 
             f"not searched: a sharded run ({job.plan.cores} cores): each rank holds a slice of every sharded "
             "module, and comparing those slices with the CPU's is not built yet",
         )
-    if job.relet is None:
+    outcome = job.rerun_on_device(replace(device, locate=dict(options)), DEVICE_FOLDER)
+    if outcome is None:
         return Located(None, "not searched: no lease to run the device again on")
-    settings = job.settings
-    with job.relet() as (first, count):
-        _, outcome = job.execute(
-            replace(device, locate=dict(options)),
-            DEVICE_FOLDER,
-            device_run_env(settings, job.environ, settings.device.pin_cores(first, count)),
-        )
     traced = outcome.result
     if traced is None or not traced.get("ok"):
         return Located(None, f"not searched: the device rerun failed: {_failure(job, outcome, 'the device rerun')}")

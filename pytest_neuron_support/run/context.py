@@ -55,6 +55,22 @@ class Job:
     def cpu_env(self) -> dict[str, str]:
         return cpu_env(self.settings, self.environ)
 
+    def in_results(self, path: Path) -> str:
+        """A run's file as a row names it: relative to the results folder (absolute outside it)."""
+        try:
+            return path.relative_to(self.settings.results_dir).as_posix()
+        except ValueError:
+            return str(path)
+
+    def rerun_on_device(self, spec: RunSpec, folder: str) -> ProcessOutcome | None:
+        """Run ``spec`` on the device once more, in ``workdir/folder``, under a lease of the check's cores taken
+        again (:attr:`relet`) and held only while it runs; None where there is no lease to take."""
+        if self.relet is None:
+            return None
+        with self.relet() as (first, count):
+            pinned = self.settings.device.pin_cores(first, count)
+            return self.execute(spec, folder, device_run_env(self.settings, self.environ, pinned))[1]
+
     def execute(
         self,
         spec: RunSpec | TrainSpec,

@@ -11,11 +11,10 @@ repro.py into the one folder).
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from pytest_neuron_support.run.context import Job, device_run_env
+from pytest_neuron_support.run.context import Job
 from pytest_neuron_support.run.runscript import RunSpec
 
 #: The rerun's folder, beside the check's own run folders.
@@ -53,15 +52,9 @@ def capture_compile_failure(job: Job, spec: RunSpec, error: str) -> Reproducer:
         )
     if job.sharded:
         return Reproducer(None, f"not captured: a sharded run ({job.plan.cores} ranks would each write repro.py)")
-    if job.relet is None:
+    outcome = job.rerun_on_device(replace(spec, capture_compile_failure=True), FOLDER)
+    if outcome is None:
         return Reproducer(None, "not captured: no lease to run the device again on")
-    settings = job.settings
-    with job.relet() as (first, count):
-        _, outcome = job.execute(
-            replace(spec, capture_compile_failure=True),
-            FOLDER,
-            device_run_env(settings, job.environ, settings.device.pin_cores(first, count)),
-        )
     script = job.workdir / FOLDER / SCRIPT
     result = outcome.result or {}
     # Written for this very failure only: a rerun that failed another way (or passed) leaves no reproducer of it.
@@ -74,16 +67,3 @@ def capture_compile_failure(job: Job, spec: RunSpec, error: str) -> Reproducer:
     stage = result.get("stage") or outcome.last_stage
     ended = "passed" if result.get("ok") else f"failed at {stage} with {result.get('error_type') or 'no result'}"
     return Reproducer(None, f"not captured: the rerun {ended}, and Dynamo wrote no {SCRIPT} of this failure")
-
-
-def relative_to(path: Path, root: Path) -> str:
-    """``path`` relative to ``root`` where it lies there (a row's paths are read from its results folder), else
-    absolute."""
-    try:
-        return (
-            os.path.relpath(path.resolve(), root.resolve())
-            if path.resolve().is_relative_to(root.resolve())
-            else str(path)
-        )
-    except OSError:
-        return str(path)

@@ -149,11 +149,11 @@ class TextToImage(Task):
             return row
         row = self.compare(row, job.model, result, cpu)
         if result.get("image"):
-            row = replace(row, image=_in_results(job, job.workdir / "device" / str(result["image"])))
+            row = replace(row, image=job.in_results(job.workdir / "device" / str(result["image"])))
         png = cpu.get("image_png")
         if png:  # the CPU's image beside the device's, cached or not
             image = write_atomic(job.workdir / "reference" / "image.png", base64.b64decode(png))
-            row = replace(row, reference_image=_in_results(job, image))
+            row = replace(row, reference_image=job.in_results(image))
         # The teacher-forced check: the device's recording through the CPU pipeline, stage by stage, in float32
         # and in the device's dtype (the dtype's own noise the device's distance is judged against).
         recording = job.workdir / "device" / str(result.get("denoiser_io") or "denoiser_io.pt")
@@ -162,14 +162,6 @@ class TextToImage(Task):
         if checked.evidence is not None:
             row = replace(row, **row_fields(checked.evidence))
         return replace(row, **decide.pipeline_stages(checked.evidence, checked.how, checked.failure).fields())
-
-
-def _in_results(job: Job, path: Path) -> str:
-    """A run's file as the row names it: relative to the results folder (absolute outside it)."""
-    try:
-        return path.relative_to(job.settings.results_dir).as_posix()
-    except ValueError:
-        return str(path)
 
 
 def read_pipeline_shape(model: ModelSpec, *, local_only: bool = False) -> ModelShape:

@@ -46,6 +46,7 @@ say), or the stage that failed with the exception.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import sys
 import time
@@ -212,8 +213,8 @@ def locate_modules(torch, model, call):
                 "module": name,
                 "kind": kinds[name],
                 "shape": list(reference.shape),
-                "distance": relative(torch, mine, reference),
-                "noise": relative(torch, rounded[name], reference),
+                "distance": relative_distance(torch, mine, reference),
+                "noise": relative_distance(torch, rounded[name], reference),
             }
         )
     return {"modules": scores, "unpaired": unpaired, "tokens": [], "locate_s": time.perf_counter() - start}
@@ -274,7 +275,7 @@ def reproduce_module(torch, model, call):
             alone(*placed(recorded["args"], "cpu", dtype), **placed(recorded["kwargs"], "cpu", dtype))
         )
         rounded = rounded.float()
-    distance, noise = relative(torch, device, float32), relative(torch, rounded, float32)
+    distance, noise = relative_distance(torch, device, float32), relative_distance(torch, rounded, float32)
     floor = max(noise, options["floor"]) if noise == noise else float("nan")
     ratio = distance / floor if distance == distance and floor == floor else float("inf")
     verdict = "OUT OF" if not ratio <= options["multiple"] else "inside"
@@ -298,15 +299,15 @@ def placed(value, device, dtype):
     return value
 
 
-def relative(torch, output, reference):
-    """|output - reference| / |reference| (NaN when either holds a non-finite value)."""
-    if not (bool(torch.isfinite(output).all()) and bool(torch.isfinite(reference).all())):
+def relative_distance(torch, output, reference):
+    """|output - reference| / |reference| over the whole tensor: inf when the reference is zero and they
+    differ, NaN when either norm is not finite (an overflowed or NaN output is never a distance of 0). The
+    calibrated rule's distance, for a pipeline's stages and a module's output alike."""
+    difference = (output - reference).norm().item()
+    scale = reference.norm().item()
+    if not (math.isfinite(difference) and math.isfinite(scale)):
         return float("nan")
-    scale = float(torch.linalg.vector_norm(reference.double()))
-    difference = float(torch.linalg.vector_norm((output - reference).double()))
-    if scale == 0.0:
-        return float("inf") if difference > 0 else 0.0
-    return difference / scale
+    return difference / scale if scale > 0 else (float("inf") if difference > 0 else 0.0)
 
 
 def compiled_graphs(torch, counters, before):

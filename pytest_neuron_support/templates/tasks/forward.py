@@ -24,7 +24,7 @@ Spliced into run.py in place of its @@TASK@@ import; see text.py.
 
 from __future__ import annotations
 
-from run import PREPROCESSOR, SPEC, cold_then_warm, fixed_audio, fixed_image, locate_modules
+from run import PREPROCESSOR, SPEC, cold_then_warm, fixed_audio, fixed_image, locate_modules, placed
 
 # isort: split
 # @@TASK@@
@@ -268,12 +268,7 @@ def locate_call(torch, preprocessor, model):
 
     def call(forward):
         weights = next(forward.parameters())  # the model it runs on: the device's, or a CPU copy
-        return forward(
-            **{
-                key: value.to(weights.device, weights.dtype) if value.is_floating_point() else value.to(weights.device)
-                for key, value in batch.items()
-            }
-        )
+        return forward(**placed(dict(batch), weights.device, weights.dtype))
 
     return call
 

@@ -9,7 +9,7 @@ task_inputs); see text.py.
 
 from __future__ import annotations
 
-from run import SPEC, cold_then_warm, enter, locate_modules, task_inputs
+from run import SPEC, cold_then_warm, enter, locate_modules, placed, task_inputs
 
 # isort: split
 # @@TASK@@
@@ -194,12 +194,7 @@ def locate_call(torch, preprocessor, model):
 
     def call(forward):
         weights = next(forward.parameters())  # the model it runs on: the device's, or a CPU copy
-        placed = {
-            key: value.to(weights.device, weights.dtype) if value.is_floating_point() else value.to(weights.device)
-            for key, value in full.items()
-            if hasattr(value, "is_floating_point")
-        }
-        return forward(**{**full, **placed}, use_cache=False)
+        return forward(**placed(full, weights.device, weights.dtype), use_cache=False)
 
     return call
 

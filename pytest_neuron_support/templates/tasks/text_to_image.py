@@ -22,14 +22,13 @@ Spliced into run.py after the diffusers fragment; see diffusers.py.
 
 from __future__ import annotations
 
-from run import SPEC, cold_then_warm, enter
+from run import SPEC, cold_then_warm, enter, relative_distance
 
 # isort: split
 # @@TASK@@
 import base64
 import io
 import itertools
-import math
 import os
 import time
 
@@ -278,16 +277,6 @@ def run_task(torch, preprocessor, pipe, state):
         "step_s": steps,
         **facts,
     }
-
-
-def relative_distance(torch, output, reference):
-    """|output - reference| / |reference| over the whole tensor: inf when the reference is zero and they
-    differ, NaN when either norm is not finite (an overflowed or NaN output is never a distance of 0)."""
-    difference = (output - reference).norm().item()
-    scale = reference.norm().item()
-    if not (math.isfinite(difference) and math.isfinite(scale)):
-        return float("nan")
-    return difference / scale if scale > 0 else (float("inf") if difference > 0 else 0.0)
 
 
 def replayed(torch, pipe, name, recorded):
