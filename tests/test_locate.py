@@ -61,8 +61,23 @@ def test_nothing_named_says_why() -> None:
     inside = first_diverging([score("a", 0.001), score("b", 0.002)])
     assert inside.first is None and "every one of 2 module outputs was inside" in inside.describe()
     assert row_fields(inside)["diverging_module"] is None and "inside" in row_fields(inside)["locate_note"]
-    nothing = first_diverging([], unpaired=["model.x", "model.y"])
-    assert nothing.first is None and nothing.problem is not None and "model.x" in nothing.problem
+    nothing = first_diverging([], unpaired=["model.x: on the device only", "model.y: not recorded on the device"])
+    assert nothing.first is None and nothing.problem is not None and "model.x: on the device only" in nothing.problem
+
+
+def test_a_sharded_search_says_which_rank_was_out_and_counts_what_it_could_not_compare() -> None:
+    scores = [
+        {**score("model.layers.0.self_attn.q_proj", 0.004), "rank": 0, "held": "its chunk 1/2 of dim 2"},
+        {**score("model.layers.1.mlp.down_proj", 2.0), "rank": 1, "held": "the whole output"},
+    ]
+    why = "model.layers.0.self_attn.rotary: rank 1 holds shape [1, 4], the CPU [1, 6]: no slice of it matches"
+    found = first_diverging(scores, unpaired=[why])
+    assert found.first is not None and found.first.stage == "model.layers.1.mlp.down_proj"
+    assert found.held == "rank 1, the whole output" and found.uncompared == (why,)
+    assert "model.layers.1.mlp.down_proj (Linear) on rank 1, the whole output: relative" in found.describe()
+    note = row_fields(found)["locate_note"]
+    assert note.startswith("located: 2 module outputs compared (out on rank 1, the whole output), 1 not compared")
+    assert why in note
 
 
 def test_the_signature_names_the_module_and_keeps_the_cause() -> None:
@@ -83,8 +98,11 @@ def test_the_signature_names_the_module_and_keeps_the_cause() -> None:
 
 QWEN = "tiny-random/qwen3"
 CLASSIFIER = "tiny-random/distilbert-sst2"
+MISTRAL = "tiny-random/mistral"
 MLP = "planted/qwen3-mlp"
 HEAD = "planted/distilbert-head"
+#: The MLP fault again, in a model run on 2 cores (tensor parallel, a rank each): searched rank by rank.
+SHARDED = "planted/mistral-mlp"
 #: The planted faults, on the device only: the last layer's MLP output projection, and the classifier head, negated.
 MLP_FAULT = "model.model.layers[1].mlp.down_proj.weight.mul_(-1.0)"
 HEAD_FAULT = "model.classifier.weight.mul_(-1.0)"
@@ -93,8 +111,9 @@ HEAD_FAULT = "model.classifier.weight.mul_(-1.0)"
 @pytest.fixture
 def planted(offline_hub: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     cache = planted_hub(offline_hub, tmp_path, monkeypatch, QWEN, MLP)
-    snapshot = next((cache / f"models--{CLASSIFIER.replace('/', '--')}" / "snapshots").iterdir())
-    zoo.install_snapshot(cache, HEAD, snapshot)
+    for repo, planted_id in ((CLASSIFIER, HEAD), (MISTRAL, SHARDED)):
+        snapshot = next((cache / f"models--{repo.replace('/', '--')}" / "snapshots").iterdir())
+        zoo.install_snapshot(cache, planted_id, snapshot)
     return cache
 
 
@@ -103,7 +122,11 @@ def planted(offline_hub: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
 def test_planted_faults_are_named_exactly_and_a_pass_runs_no_search(pytester: pytest.Pytester) -> None:
     pytester.makeconftest(
         planted_conftest(
-            {MLP: f"with torch.no_grad():\n    {MLP_FAULT}\n", HEAD: f"with torch.no_grad():\n    {HEAD_FAULT}\n"}
+            {
+                MLP: f"with torch.no_grad():\n    {MLP_FAULT}\n",
+                HEAD: f"with torch.no_grad():\n    {HEAD_FAULT}\n",
+                SHARDED: f"with torch.no_grad():\n    {MLP_FAULT}\n",
+            }
         )
     )
     prompt = repr(zoo.TINY_PROMPT)
@@ -114,11 +137,12 @@ def test_planted_faults_are_named_exactly_and_a_pass_runs_no_search(pytester: py
             f"  - {{id: {QWEN}, task: text-generation, prompt: {prompt}}}\n"
             f"  - {{id: {MLP}, task: text-generation, prompt: {prompt}}}\n"
             f"  - {{id: {HEAD}, task: text-classification}}\n"
+            f"  - {{id: {SHARDED}, task: text-generation, cores: 2, prompt: {prompt}}}\n"
         ),
     )
     out = pytester.path / "out"
     result = pytester.runpytest_subprocess("--device=cpu", "-n", "2", "--results-dir=out", "--reference-cache=none")
-    assert_outcomes(result, out, passed=1, failed=2)
+    assert_outcomes(result, out, passed=1, failed=3)
     df = pd.read_parquet(out / "data").set_index("model_id")
 
     clean = df.loc[QWEN]
@@ -161,6 +185,23 @@ def test_planted_faults_are_named_exactly_and_a_pass_runs_no_search(pytester: py
     assert (head.result, head.failure_stage) == ("FAIL", "parity"), head.error
     assert head.diverging_module == "classifier" and head.diverging_module_kind == "Linear", head.locate_note
     assert head.last_inside_module == "dropout" and head.signature.startswith("parity: classifier (Linear)")
+
+    # On 2 cores each rank's part of every module's output was compared with the CPU's slice it holds (a
+    # column-parallel projection's chunk, the whole output after a row-parallel one's all-reduce), and the fault is
+    # named the same; no single-module reproducer is written for it, and the row says why.
+    sharded = df.loc[SHARDED]
+    assert (sharded.result, sharded.failure_stage, sharded.neuron_cores) == ("FAIL", "parity", 2), sharded.error
+    assert sharded.diverging_module == "model.layers.1.mlp.down_proj", sharded.locate_note
+    assert sharded.last_inside_module == "model.layers.1.mlp.up_proj" and sharded.diverging_ratio > MULTIPLE
+    assert "(out on rank " in sharded.locate_note and ", the whole output)" in sharded.locate_note
+    assert sharded.signature.startswith("parity: model.layers.1.mlp.down_proj (Linear) diverges first; ")
+    sharded_runs = out / "runs" / slug(SHARDED) / "cpu"
+    scored = json.loads((sharded_runs / CPU_FOLDER / "result.json").read_text())["modules"]
+    held = {m["module"]: m["held"] for m in scored}
+    assert held["model.layers.0.self_attn.q_proj"].endswith("/2 of dim 2"), held  # a rank's own chunk
+    assert held["model.layers.0.self_attn.o_proj"] == "the whole output", held
+    assert {(sharded_runs / DEVICE_FOLDER / f"trace.rank{rank}.pt").is_file() for rank in (0, 1)} == {True}
+    assert pd.isna(sharded.reproducer) and sharded.reproducer_note.startswith("not written: on 2 cores")
 
     # The failed assert says it, as pytest prints it.
     text = result.stdout.str()

@@ -5,7 +5,10 @@ one denoising step, and the planner's reading of a pipeline repository."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import huggingface_hub.constants
@@ -23,10 +26,12 @@ from pytest_neuron_support.verdict.tolerance import MULTIPLE
 PIPELINE = zoo.PIPELINE_REPO
 #: The same pipeline under other ids, so one session runs it clean and with each fault planted on the
 #: device side only (run.py's post-load hook runs in the device run, never in the CPU checks).
-DENOISE, GUIDANCE, SCHEDULER, DECODE, PLACEMENT = (
-    f"planted/{name}" for name in ("denoise", "guidance", "scheduler", "decode", "placement")
+DENOISE, GUIDANCE, SCHEDULER, DECODE, PLACEMENT, ATTENTION = (
+    f"planted/{name}" for name in ("denoise", "guidance", "scheduler", "decode", "placement", "attention")
 )
-PLANTED = (DENOISE, GUIDANCE, SCHEDULER, DECODE, PLACEMENT)
+PLANTED = (DENOISE, GUIDANCE, SCHEDULER, DECODE, PLACEMENT, ATTENTION)
+#: The attention fault: one attention block's output projection in the denoiser's middle block, negated.
+ATTENTION_MODULE = "mid_block.attentions[0].transformer_blocks[0].attn1.to_out[0]"
 #: The step the scheduler fault is planted at (0-based call of scheduler.step).
 SCHEDULER_STEP = 2
 
@@ -76,8 +81,9 @@ def test_the_tiny_pipeline_passes_and_a_fault_at_any_stage_fails_there(
     # in both pipeline calls alike (the warm run repeats it). The guidance fault: the guidance combine uses a
     # scale 20 % larger than asked. The scheduler fault: one step's new latent scaled by 1.3 (its PSNR alone
     # would pass it). The decode fault: the VAE decoder's output negated. The placement fault: a buffer of the
-    # text encoder left off the device (on `meta`, which every host has). The pipeline calls the scheduler
-    # and the decoder with return_dict=False: each returns a tuple.
+    # text encoder left off the device (on `meta`, which every host has). The attention fault: one attention
+    # block's output projection negated (every step). The pipeline calls the scheduler and the decoder with
+    # return_dict=False: each returns a tuple.
     step = next(i for i, t in enumerate(calls) if calls.count(t) == 1 and i > 0)
     pytester.makeconftest(
         f"""
@@ -107,6 +113,7 @@ FAULTS = {{
         "model.vae.decode = planted\\n"
     ),
     {PLACEMENT!r}: "model.text_encoder.register_buffer('planted', torch.zeros(1, device='meta'))\\n",
+    {ATTENTION!r}: "with torch.no_grad():\\n    model.unet.{ATTENTION_MODULE}.weight.mul_(-1.0)\\n",
 }}
 
 
@@ -153,11 +160,46 @@ def pytest_neuron_support_post_load(config, model):
     off = [s for s, r in zip(denoised.numeric_stages, denoised.numeric_ratios, strict=True) if r > MULTIPLE]
     assert off == [f"denoise[{step}]"], off
     assert 0.4 < denoised.evidence_distance < 0.6  # half the prediction, as planted
+    # Its module search fed that call's recorded inputs to the denoiser again: the fault is a hook on the
+    # denoiser's own output, so every module inside it was inside the tolerance and the denoiser is named.
+    assert (denoised.diverging_module, denoised.diverging_module_kind) == ("unet", "UNet2DConditionModel"), (
+        denoised.locate_note
+    )
     failed(GUIDANCE, "guidance", 0, "type(model).guidance_scale = property(")
     assert 0.05 < df.loc[GUIDANCE].evidence_distance < 0.5
     failed(SCHEDULER, "scheduler", SCHEDULER_STEP, "model.scheduler.step = planted")
     assert 0.25 < df.loc[SCHEDULER].evidence_distance < 0.35
+    for outside in (GUIDANCE, SCHEDULER):  # the pipeline's own arithmetic: no module to search
+        row = df.loc[outside]
+        assert pd.isna(row.diverging_module) and "pipeline's own arithmetic, not a module" in row.locate_note
     failed(DECODE, "decode", 0, "model.vae.decode = planted")
+    # Planted around the VAE's decode method, not in a module: the search says every module was inside.
+    decoded = df.loc[DECODE]
+    assert pd.isna(decoded.diverging_module) and "the fault is outside the modules" in decoded.locate_note
+
+    # The attention fault is named exactly: the first module out of tolerance in the denoiser fed the device's
+    # own inputs of the first bad step, in the row, the error, the signature and the assertion pytest printed.
+    attention = failed(ATTENTION, "denoise", 0, f"model.unet.{ATTENTION_MODULE}.weight.mul_(-1.0)")
+    named = "unet." + ATTENTION_MODULE.replace("[", ".").replace("]", "")
+    assert (attention.diverging_module, attention.diverging_module_kind) == (named, "Linear"), attention.locate_note
+    assert attention.last_inside_module.startswith("unet.mid_block.attentions.0.transformer_blocks.0.attn1.")
+    assert attention.diverging_ratio > MULTIPLE and f"first diverging module {named} (Linear)" in attention.error
+    assert attention.signature.startswith(f"parity: {named} (Linear) diverges first; teacher-forced pipeline check")
+    assert f"first diverging module: {named} (Linear), distance " in result.stdout.str()
+    # Its standalone reproducer: that module alone on the inputs it records from the CPU pipeline, as a user runs
+    # it (no pytest, no plugin), beside the recording it is fed from.
+    repro = pytester.path / "out" / attention.reproducer
+    assert (repro.parent / "denoiser_io.pt").is_file()
+    alone = subprocess.run(
+        [sys.executable, "run.py", "--out", "result.json"],
+        cwd=repro.parent,
+        env={k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert f"{named} (Linear) alone on its recorded inputs: " in alone.stdout, alone.stdout + alone.stderr[-3000:]
+    assert "(OUT OF tolerance, at most 3x)" in alone.stdout
     # The placement fault never reaches the numbers: a component off the device is a FAIL at load.
     misplaced = df.loc[PLACEMENT]
     assert (misplaced.result, misplaced.failure_stage, misplaced.verdict_basis) == ("FAIL", "load", "placement")

@@ -88,6 +88,8 @@ class InferenceCheck:
         options = task.locate_options(row, result)
         if options is None:
             return replace(row, locate_note=f"not searched: the {task.name} task has no module search yet")
+        if isinstance(options, str):
+            return replace(row, locate_note=f"not searched: {options}")
         found = locate(job, spec, self.reference_spec(job), options)
         if found.divergence is None:
             return replace(row, locate_note=found.note)
@@ -96,6 +98,12 @@ class InferenceCheck:
         first = found.divergence.first
         if first is not None:
             fields["error"] = f"{row.error}; {found.divergence.describe()}"
+            if job.sharded:
+                fields["reproducer_note"] = (
+                    f"not written: on {job.plan.cores} cores the module alone needs each rank's slice of its inputs, "
+                    "which the reproducer does not cut; the search's own run.py (locate-device/) reruns the forward"
+                )
+                return replace(row, **fields)
             script = module_reproducer(job, spec, options, first.stage)
             fields["reproducer"] = job.in_results(script)
             fields["reproducer_note"] = (

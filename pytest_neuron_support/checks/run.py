@@ -19,7 +19,7 @@ from pytest_neuron_support.checks.rows import planned_row
 from pytest_neuron_support.data.records import Row
 from pytest_neuron_support.data.signatures import compiler_error_code
 from pytest_neuron_support.planning.planner import Plan
-from pytest_neuron_support.run.context import Job, device_run_env
+from pytest_neuron_support.run.context import DEVICE_RUN, Job, device_run_env
 from pytest_neuron_support.run.execution import failure_of, stage_name
 from pytest_neuron_support.run.repro import capture_compile_failure
 from pytest_neuron_support.run.runscript import RunSpec
@@ -58,7 +58,7 @@ def run_check(
     spec = kind.device_spec(job, post_load)
     try:
         source, outcome = job.execute(
-            spec, "device", device_run_env(settings, environ, settings.device.pin_cores(first, count))
+            spec, DEVICE_RUN, device_run_env(settings, environ, settings.device.pin_cores(first, count))
         )
     except BaseException:
         side.cancel()

@@ -9,12 +9,15 @@ device's dtype and scores the device's outputs. So it costs one extra forward on
 CPU (float32, and the dtype's own noise the rule judges against), each in a fresh process that loads the
 checkpoint again.
 
-Sharded runs are not searched: each rank holds a slice of every sharded module, and comparing those slices
-with the CPU's is not built yet; the row says so (``locate_note``) instead of naming a module.
+A sharded run is searched rank by rank: each rank saves what it holds of every module's output, and the CPU
+side compares each with the CPU output's slice it matches (all of it for a replicated module or a row-parallel
+one after its all-reduce, the rank's own chunk for a column-parallel one); a module whose parts match no slice is
+left out, with why, and the row counts those (``locate_note``).
 """
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -22,7 +25,7 @@ from typing import Any
 
 from pytest_neuron_support.base.redaction import scrub
 from pytest_neuron_support.base.storage import write_atomic
-from pytest_neuron_support.run.context import Job
+from pytest_neuron_support.run.context import DEVICE_RUN, Job
 from pytest_neuron_support.run.execution import failure_of
 from pytest_neuron_support.run.runscript import RunSpec, render
 from pytest_neuron_support.verdict.modules import Divergence, first_diverging
@@ -52,12 +55,7 @@ def locate(job: Job, device: RunSpec, cpu: RunSpec, options: Mapping[str, Any]) 
     """Search the first diverging module of ``job``'s FAIL: ``device`` is the device run's own spec (its
     backend, dtype and post-load code), ``cpu`` the CPU reference's, ``options`` the task's locate inputs
     (``tokens``: the device's prefix up to the first bad token)."""
-    if job.sharded:
-        return Located(
-            None,
-            f"not searched: a sharded run ({job.plan.cores} cores): each rank holds a slice of every sharded "
-            "module, and comparing those slices with the CPU's is not built yet",
-        )
+    recorded(job, options, DEVICE_FOLDER)
     outcome = job.rerun_on_device(replace(device, locate=dict(options)), DEVICE_FOLDER)
     if outcome is None:
         return Located(None, "not searched: no lease to run the device again on")
@@ -67,8 +65,9 @@ def locate(job: Job, device: RunSpec, cpu: RunSpec, options: Mapping[str, Any]) 
     on_cpu = replace(
         cpu,
         dtype="float32",
-        locate={**options, "device_trace": traced["trace"], "noise_dtype": device.dtype},
+        locate={**options, "device_traces": traced["traces"], "noise_dtype": device.dtype},
     )
+    recorded(job, options, CPU_FOLDER)
     _, outcome = job.execute(on_cpu, CPU_FOLDER, job.cpu_env())
     scored = outcome.result
     if scored is None or not scored.get("ok"):
@@ -87,7 +86,21 @@ def module_reproducer(job: Job, device: RunSpec, options: Mapping[str, Any], mod
         device,
         locate={**options, "module": module, "noise_dtype": device.dtype, "multiple": MULTIPLE, "floor": FLOOR},
     )
+    recorded(job, options, MODULE_FOLDER)
     return write_atomic(job.workdir / MODULE_FOLDER / "run.py", render(spec))
+
+
+def recorded(job: Job, options: Mapping[str, Any], folder: str) -> None:
+    """The device run's recording the search's forward is fed from (``options["recording"]``, a text-to-image
+    run's denoiser_io.pt), copied beside the run.py written in ``folder``: each of them stands alone."""
+    name = options.get("recording")
+    if name:
+        source = job.workdir / DEVICE_RUN / str(name)
+
+        def copy(tmp: Path) -> None:
+            shutil.copyfile(source, tmp)
+
+        write_atomic(job.workdir / folder / str(name), copy)
 
 
 def outcome_s(result: Mapping[str, Any]) -> str:

@@ -24,6 +24,9 @@ from pytest_neuron_support.run.execution import ProcessOutcome
 from pytest_neuron_support.run.runscript import RunSpec, TrainSpec, render_and_run
 from pytest_neuron_support.run.settings import Settings, timeout_of
 
+#: The device run's folder in a check's workdir.
+DEVICE_RUN = "device"
+
 
 @dataclass(frozen=True)
 class Job:

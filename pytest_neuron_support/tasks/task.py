@@ -253,9 +253,11 @@ class Task:
         checks this task needs, their evidence into the row, and the decision."""
         raise NotImplementedError(f"{self.name}: no verdict")
 
-    def locate_options(self, row: Row, result: Mapping[str, Any]) -> Mapping[str, Any] | None:
-        """What run.py's module search (``SPEC["locate"]``) feeds a numerics FAIL's one forward, or None where
-        this task has none yet (the row says so)."""
+    def locate_options(self, row: Row, result: Mapping[str, Any]) -> Mapping[str, Any] | str | None:
+        """What run.py's module search (``SPEC["locate"]``) feeds a numerics FAIL's one forward; where it has none,
+        why not for this row (a FAIL outside any module), or None where this task has no search yet (the row says
+        so either way). ``recording`` in the options names a file of the device run that the search's forward is
+        fed from: it is copied beside each run.py of the search and its reproducer."""
         return None
 
 

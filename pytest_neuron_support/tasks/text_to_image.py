@@ -44,7 +44,7 @@ from pytest_neuron_support.planning.planner import (
     count_safetensors_parameters,
     label,
 )
-from pytest_neuron_support.run.context import Job
+from pytest_neuron_support.run.context import DEVICE_RUN, Job
 from pytest_neuron_support.tasks.task import Task
 from pytest_neuron_support.verdict import decide
 from pytest_neuron_support.verdict.images import psnr
@@ -149,19 +149,34 @@ class TextToImage(Task):
             return row
         row = self.compare(row, job.model, result, cpu)
         if result.get("image"):
-            row = replace(row, image=job.in_results(job.workdir / "device" / str(result["image"])))
+            row = replace(row, image=job.in_results(job.workdir / DEVICE_RUN / str(result["image"])))
         png = cpu.get("image_png")
         if png:  # the CPU's image beside the device's, cached or not
             image = write_atomic(job.workdir / "reference" / "image.png", base64.b64decode(png))
             row = replace(row, reference_image=job.in_results(image))
         # The teacher-forced check: the device's recording through the CPU pipeline, stage by stage, in float32
         # and in the device's dtype (the dtype's own noise the device's distance is judged against).
-        recording = job.workdir / "device" / str(result.get("denoiser_io") or "denoiser_io.pt")
+        recording = job.workdir / DEVICE_RUN / str(result.get("denoiser_io") or "denoiser_io.pt")
         checked = stages_check(job, stages_spec(reference.spec, recording, job.model.dtype), row.parameters)
         row = replace(row, cpu_check=checked.how, cpu_check_s=checked.wall_s)
         if checked.evidence is not None:
             row = replace(row, **row_fields(checked.evidence))
         return replace(row, **decide.pipeline_stages(checked.evidence, checked.how, checked.failure).fields())
+
+    def locate_options(self, row: Row, result: Mapping[str, Any]) -> Mapping[str, Any] | str | None:
+        """The first stage out of tolerance, where it is a module's: a denoise step is searched in the denoiser
+        fed that call's recorded inputs, the decode in the VAE fed the recorded final latent. The guidance combine
+        and the scheduler step are the pipeline's own arithmetic, not modules: their stage and step name them."""
+        stage, step = row.evidence_stage, row.evidence_step
+        recording = str(result.get("denoiser_io") or "denoiser_io.pt")
+        if stage == "denoise" and step is not None:
+            return {"component": str(result.get("denoiser") or "unet"), "call": int(step), "recording": recording}
+        if stage == "decode":
+            return {"component": "vae", "call": 0, "recording": recording}
+        return (
+            f"the {stage} stage is the pipeline's own arithmetic, not a module (its stage and step name where the "
+            "device went wrong)"
+        )
 
 
 def read_pipeline_shape(model: ModelSpec, *, local_only: bool = False) -> ModelShape:

@@ -119,14 +119,15 @@ def run():
     }
 
 
-#: Where the device side of a locate run writes every module's output (in its own folder).
+#: Where the device side of a locate run writes every module's output (in its own folder; trace_file).
 TRACE_FILE = "trace.pt"
 
 
-def traced(torch, model, call):
+def traced(torch, model, call, prefix=""):
     """Every module's output of one ``call()`` (hooks on every module of ``model``), in the order the
     modules finished: each module's first floating-point tensor output, as float32 on the host, keyed
-    by its path (``model.layers.1.mlp.down_proj``; a module called again gets ``#2``, ``#3``). Hooks
+    by its path (``model.layers.1.mlp.down_proj``; under ``prefix``, a pipeline component's name, the path
+    from the pipeline: ``unet.down_blocks.0.attentions.0``; a module called again gets ``#2``, ``#3``). Hooks
     only read: the outputs are copied to the host after the call, outside any compiled graph."""
     recorded = {}
     kinds = {}
@@ -145,7 +146,7 @@ def traced(torch, model, call):
         return record
 
     handles = [
-        module.register_forward_hook(hook(name or "(root)", type(module).__name__))
+        module.register_forward_hook(hook(module_path(prefix, name), type(module).__name__))
         for name, module in model.named_modules()
     ]
     try:
@@ -155,7 +156,32 @@ def traced(torch, model, call):
     finally:
         for handle in handles:
             handle.remove()
-    return {key: value.to("cpu", torch.float32) for key, value in recorded.items()}, kinds
+    # A sharded module's output may be a DTensor: what this rank holds is its local part.
+    local = {key: value.to_local() if hasattr(value, "to_local") else value for key, value in recorded.items()}
+    return {key: value.to("cpu", torch.float32) for key, value in local.items()}, kinds
+
+
+def module_path(prefix, name):
+    """A module's name in the search: its path in the model searched, under ``prefix`` where one is given."""
+    return ".".join(part for part in (prefix, name) if part) or "(root)"
+
+
+def compiled_as_run(torch, module):
+    """What the device ran ``module`` as: compiled with the device's backend as run.py compiles a model (no
+    compile: the module itself)."""
+    if not SPEC["compile"]:
+        return module
+    return torch.compile(module, backend=SPEC["compile_backend"], dynamic=False, mode="default")
+
+
+def transformers_reference(torch):
+    """The checkpoint on the CPU in float32 through its transformers auto class: the module reproducer's
+    reference (a pipeline's fragment passes its component instead)."""
+    import transformers
+
+    common = {"revision": SPEC["revision"], "trust_remote_code": SPEC["trust_remote_code"]}
+    model = getattr(transformers, SPEC["auto_class"]).from_pretrained(SPEC["model"], dtype=torch.float32, **common)
+    return model.eval()
 
 
 def traced_tensor(output):
@@ -171,94 +197,143 @@ def traced_tensor(output):
     return None
 
 
-def locate_modules(torch, model, call):
+def locate_modules(torch, model, call, prefix="", compiled=compiled_as_run, reference=transformers_reference):
     """One forward pass with every module's output recorded: the first diverging module's evidence
     (SPEC["locate"], set by the harness only after a numerics FAIL).
 
     ``call(forward)`` runs the task's forward at the first bad position. On the device
-    (SPEC["locate"]["device_trace"] unset) it runs through ``torch.compile`` with the device's backend, as
-    the device run did, and every module's output is saved to TRACE_FILE. On the CPU (the device's trace
-    given) it runs eagerly in float32 and again in the device's dtype, and each module's output is scored
-    in execution order: the device's relative distance from float32 next to the dtype's own noise (the
-    calibrated tolerance rule's two numbers, judged by the harness)."""
+    (SPEC["locate"]["device_traces"] unset) it runs through ``compiled(torch, model)`` (the device's backend, as
+    the device run compiled it) and every module's output is saved (trace_file: one per rank of a sharded run,
+    each what its rank holds). On the CPU (the device's traces given) it runs eagerly in float32 and again in the
+    device's dtype, and each module's output is scored in execution order (scored_modules): the device's
+    relative distance from float32 next to the dtype's own noise (the calibrated tolerance rule's two numbers,
+    judged by the harness). ``prefix`` names the modules from a pipeline (its component's name);
+    ``reference(torch)`` loads the float32 CPU model the module reproducer records its inputs from."""
     options = SPEC["locate"]
     if options.get("module"):
-        return reproduce_module(torch, model, call)
+        return reproduce_module(torch, model, call, prefix, compiled, reference)
     enter("locate")
     start = time.perf_counter()
-    if options.get("device_trace") is None:
-        forward = model
-        if SPEC["compile"]:
-            forward = torch.compile(model, backend=SPEC["compile_backend"], dynamic=False, mode="default")
-        outputs, kinds = traced(torch, model, lambda: call(forward))
-        torch.save(outputs, TRACE_FILE)
+    if options.get("device_traces") is None:
+        forward = compiled(torch, model)
+        outputs, kinds = traced(torch, model, lambda: call(forward), prefix)
+        torch.save(outputs, trace_file(WORLD["rank"]))
         return {
-            "trace": os.path.abspath(TRACE_FILE),
+            # Every rank's file (rank 0's result is the run's): the CPU side reads them all.
+            "traces": [os.path.abspath(trace_file(rank)) for rank in range(WORLD["size"])],
             "modules": len(outputs),
             "tokens": [],
             "locate_s": time.perf_counter() - start,
         }
-    float32, kinds = traced(torch, model, lambda: call(model))
+    float32, kinds = traced(torch, model, lambda: call(model), prefix)
     model.to(getattr(torch, options["noise_dtype"]))
-    rounded, _ = traced(torch, model, lambda: call(model))
-    device = torch.load(options["device_trace"])
-    scores, unpaired = [], [name for name in device if name not in float32]
-    for name, reference in float32.items():
-        mine = device.get(name)
-        if mine is None or mine.shape != reference.shape or name not in rounded:
-            unpaired.append(name)
-            continue
-        scores.append(
-            {
-                "module": name,
-                "kind": kinds[name],
-                "shape": list(reference.shape),
-                "distance": relative_distance(torch, mine, reference),
-                "noise": relative_distance(torch, rounded[name], reference),
-            }
-        )
+    rounded, _ = traced(torch, model, lambda: call(model), prefix)
+    ranks = [torch.load(path) for path in options["device_traces"]]
+    scores, unpaired = scored_modules(torch, ranks, float32, rounded, kinds)
     return {"modules": scores, "unpaired": unpaired, "tokens": [], "locate_s": time.perf_counter() - start}
+
+
+def trace_file(rank):
+    """Where the device side of a locate run writes every module's output: TRACE_FILE, one per rank when sharded."""
+    return TRACE_FILE if WORLD["size"] == 1 else TRACE_FILE.replace(".pt", f".rank{rank}.pt")
+
+
+def scored_modules(torch, ranks, float32, rounded, kinds):
+    """(each module's score, in execution order; the modules not compared, each with why) for the device's
+    traces, one per rank (``ranks``), against the CPU's float32 and dtype outputs.
+
+    A rank's output is compared with the CPU's slice it matches (held_slice): all of it where the rank holds the
+    whole output (a replicated module, or a row-parallel one after its all-reduce), its own chunk where the module
+    is sharded along one dimension (a column-parallel projection). A module's score is its worst rank's."""
+    scores, unpaired = [], [f"{name}: on the device only" for name in ranks[0] if name not in float32]
+    for name, reference in float32.items():
+        if name not in rounded:
+            unpaired.append(f"{name}: not in the CPU's run in the device's dtype")
+            continue
+        worst, why = None, None
+        for rank, trace in enumerate(ranks):
+            mine = trace.get(name)
+            if mine is None:
+                why = f"not recorded on the device (rank {rank})" if len(ranks) > 1 else "not recorded on the device"
+                break
+            index = held_slice(reference.shape, mine.shape, rank, len(ranks))
+            if index is None:
+                holder = f"rank {rank} holds" if len(ranks) > 1 else "the device gave"
+                why = f"{holder} shape {list(mine.shape)}, the CPU {list(reference.shape)}: no slice of it matches"
+                break
+            distance = relative_distance(torch, mine, reference[index])
+            if worst is None or not distance <= worst["distance"]:
+                worst = {
+                    "module": name,
+                    "kind": kinds[name],
+                    "shape": list(reference.shape),
+                    "distance": distance,
+                    "noise": relative_distance(torch, rounded[name][index], reference[index]),
+                    **({"rank": rank, "held": held_words(index, rank, len(ranks))} if len(ranks) > 1 else {}),
+                }
+        if why is not None:
+            unpaired.append(f"{name}: {why}")
+        elif worst is not None:
+            scores.append(worst)
+    return scores, unpaired
+
+
+def held_slice(full, held, rank, world):
+    """The index of the CPU output's part a rank holds: ``...`` where the shapes are equal, that rank's chunk
+    where they differ in one dimension by the world's size (how tensor parallelism splits a module's output),
+    else None."""
+    if tuple(full) == tuple(held):
+        return ...
+    if len(full) != len(held):
+        return None
+    differ = [d for d, (a, b) in enumerate(zip(full, held, strict=True)) if a != b]
+    if len(differ) != 1 or full[differ[0]] != held[differ[0]] * world:
+        return None
+    dim, size = differ[0], held[differ[0]]
+    return (slice(None),) * dim + (slice(rank * size, (rank + 1) * size),)
+
+
+def held_words(index, rank, world):
+    """What a rank's part of a module's output was compared with, in words."""
+    return "the whole output" if index is ... else f"its chunk {rank + 1}/{world} of dim {len(index) - 1}"
 
 
 #: Where the module reproducer keeps the diverging module's recorded inputs (in its own folder).
 MODULE_INPUTS = "module_inputs.pt"
 
 
-def reproduce_module(torch, model, call):
+def reproduce_module(torch, model, call, prefix, compiled, reference):
     """The first diverging module alone (SPEC["locate"]["module"]): the standalone reproducer of a numerics FAIL.
 
-    Its inputs are recorded from the CPU model in float32 (a pre-hook on the module during the forward at the
-    first bad position; every module before it was inside the tolerance on the device) and kept in
+    Its inputs are recorded from the CPU model in float32 (``reference``; a pre-hook on the module during the
+    forward at the first bad position; every module before it was inside the tolerance on the device) and kept in
     MODULE_INPUTS. Then the module alone runs on them: on the device as loaded above (post-load code included),
-    compiled with the device's backend as the run was, and on the CPU in float32 and in the device's dtype. It
-    prints the device's distance from float32, the dtype's own noise and their ratio against the calibrated
-    rule's multiple."""
-    import transformers
-
+    run as the device ran it (``compiled``), and on the CPU in float32 and in the device's dtype. It prints the
+    device's distance from float32, the dtype's own noise and their ratio against the calibrated rule's
+    multiple."""
     options = SPEC["locate"]
     name = options["module"]
+    # The path inside the model searched: a pipeline's module is named from the pipeline (prefix: its component).
+    inner = name[len(prefix) :].lstrip(".") if prefix and name.startswith(prefix) else name
+    inner = "" if inner == "(root)" else inner
     enter("locate")
-    common = {"revision": SPEC["revision"], "trust_remote_code": SPEC["trust_remote_code"]}
-    reference = getattr(transformers, SPEC["auto_class"]).from_pretrained(SPEC["model"], dtype=torch.float32, **common)
-    reference.eval()
+    cpu_model = reference(torch)
     recorded = {}
 
     def record(module, args, kwargs):
         recorded.setdefault("args", args)
         recorded.setdefault("kwargs", kwargs)
 
-    handle = reference.get_submodule(name).register_forward_pre_hook(record, with_kwargs=True)
+    handle = cpu_model.get_submodule(inner).register_forward_pre_hook(record, with_kwargs=True)
     try:
         with torch.no_grad():
-            call(reference)
+            call(cpu_model)
     finally:
         handle.remove()
     torch.save(recorded, MODULE_INPUTS)
-    alone = reference.get_submodule(name)
-    on_device = model.get_submodule(name)
-    forward = on_device
-    if SPEC["compile"]:
-        forward = torch.compile(on_device, backend=SPEC["compile_backend"], dynamic=False, mode="default")
+    alone = cpu_model.get_submodule(inner)
+    on_device = model.get_submodule(inner)
+    forward = compiled(torch, on_device)
     weights = next(model.parameters())
     dtype = getattr(torch, options["noise_dtype"])
     with torch.no_grad():

@@ -7,7 +7,9 @@ The first call is recorded stage by stage, on CPU in float32 (moved off the devi
 recording adds no operation to the device's fallback-op list): each denoiser call's latent and predicted
 noise (``denoise``), each scheduler step's noise input (the classifier-free-guidance combine of the
 prediction: ``guidance``), its latent input and its new latent (``scheduler``), the latent given to the
-VAE decoder and the final image (``decode``), written to denoiser_io.pt beside the result.
+VAE decoder and the final image (``decode``), written to denoiser_io.pt beside the result. Each denoiser call's
+whole input is kept too (``calls``: its arguments in their own dtypes, a tensor equal to the previous call's
+kept once), so that a FAIL's module search can feed one call again.
 
 With SPEC["task_options"]["forced_io"] set, the script is instead the teacher-forced CPU check of a device
 run: the same pipeline call on CPU, eager, every stage fed the device's own inputs from that recording (its
@@ -17,12 +19,16 @@ scheduler step, its final latent into the VAE decoder), once in float32 and once
 noise (``verdict.tolerance`` judges them). The final image is image.png beside the result (and in it,
 base64, so a cached CPU reference keeps it).
 
+With SPEC["locate"] set (after a numerics FAIL at a denoise or decode step), the script is instead the module
+search of that step (run.py's locate_modules): the denoiser fed that call's recorded inputs, or the VAE decoder
+fed the recorded final latent, with every module's output recorded (``locate_stage``).
+
 Spliced into run.py after the diffusers fragment; see diffusers.py.
 """
 
 from __future__ import annotations
 
-from run import SPEC, cold_then_warm, enter, relative_distance
+from run import SPEC, cold_then_warm, enter, locate_modules, placed, relative_distance
 
 # isort: split
 # @@TASK@@
@@ -116,6 +122,10 @@ class StageTape:
         self.recording = True
         self.record = {"latents": [], "outputs": [], "guided": [], "samples": [], "stepped": [], "decoded": []}
         module = getattr(pipe, denoiser)
+        if replay is None:
+            # A device run keeps each denoiser call's whole input, for a FAIL's module search (locate_stage).
+            self.record["calls"] = []
+            self.record["weights_dtype"] = str(next(module.parameters()).dtype).removeprefix("torch.")
         self.hooks = [
             module.register_forward_pre_hook(self.before_denoiser, with_kwargs=True),
             module.register_forward_hook(self.after_denoiser, with_kwargs=True),
@@ -155,6 +165,9 @@ class StageTape:
     def after_denoiser(self, module, args, kwargs, output):
         index = len(self.record["outputs"])
         self.keep("latents", argument(args, kwargs, 0, LATENT_KEYWORDS))
+        if self.recording and self.replay is None:
+            before = self.record["calls"][-1] if self.record["calls"] else None
+            self.record["calls"].append(kept_input({"args": list(args), "kwargs": kwargs}, before))
         noise = first_tensor(output)
         self.keep("outputs", noise)
         if self.replay is None:
@@ -182,6 +195,82 @@ class StageTape:
         self.keep("decoded", latent)
         args, kwargs = with_argument(args, kwargs, 0, ("z", "latents"), self.given("decoded", index, latent))
         return self.decode(*args, **kwargs)
+
+
+def kept_input(value, before):
+    """A denoiser call's input as the recording keeps it: every tensor on the host in its own dtype (a timestep
+    stays float32 or int64 where the latent is bfloat16), one equal to the previous call's (``before``) kept once
+    (the prompt's embeddings: the same at every step)."""
+    if hasattr(value, "is_floating_point"):
+        copy = value.detach().to("cpu")
+        same = hasattr(before, "is_floating_point") and before.dtype == copy.dtype and before.shape == copy.shape
+        return before if same and bool(before.equal(copy)) else copy
+    if isinstance(value, dict):
+        earlier = before if isinstance(before, dict) else {}
+        return {key: kept_input(item, earlier.get(key)) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        earlier = before if isinstance(before, list) and len(before) == len(value) else [None] * len(value)
+        return [kept_input(item, old) for item, old in zip(value, earlier, strict=True)]
+    return value
+
+
+def as_run(value, device, source, dtype):
+    """A recorded input for a run of the model in ``dtype`` on ``device``: floating tensors that were in the
+    device run's weights dtype (``source``) follow the weights; every other tensor keeps its dtype."""
+    if hasattr(value, "is_floating_point"):
+        follows = value.is_floating_point() and str(value.dtype).removeprefix("torch.") == source
+        return value.to(device, dtype) if follows else value.to(device)
+    if isinstance(value, dict):
+        return {key: as_run(item, device, source, dtype) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [as_run(item, device, source, dtype) for item in value]
+    return value
+
+
+def locate_stage(torch, pipe):
+    """The module search of one denoise or decode step (SPEC["locate"]: ``component``, ``call``, and ``recording``,
+    the device run's recording, copied beside this script): the denoiser fed that call's recorded inputs, compiled
+    as the device run compiled it, or the VAE decoder fed the recorded final latent, eager as the device run
+    decoded it. Modules are named from the pipeline (``unet.down_blocks.0.attentions.0``)."""
+    options = SPEC["locate"]
+    name = options["component"]
+    here = os.path.dirname(os.path.abspath(__file__))
+    recorded = torch.load(os.path.join(here, options["recording"]))
+    if name == "vae":
+        latent = recorded["decoded"][options["call"]]
+
+        def call(forward):
+            weights = next(forward.parameters())
+            return forward.decode(placed(latent, weights.device, weights.dtype), return_dict=False)
+
+        def compiled(torch, module):
+            return module  # run.py compiles only the denoiser: the device decoded eagerly
+
+    else:
+        given, source = recorded["calls"][options["call"]], recorded["weights_dtype"]
+
+        def call(forward):
+            weights = next(forward.parameters())
+            inputs = as_run(given, weights.device, source, weights.dtype)
+            return forward(*inputs["args"], **inputs["kwargs"])
+
+        def compiled(torch, module):
+            if not SPEC["compile"]:
+                return module
+            return torch.compile(module, backend=SPEC["compile_backend"], fullgraph=True)  # as compile_denoiser
+
+    def reference(torch):
+        import diffusers
+
+        cpu = getattr(diffusers, SPEC["auto_class"]).from_pretrained(
+            SPEC["model"],
+            revision=SPEC["revision"],
+            torch_dtype=torch.float32,
+            trust_remote_code=SPEC["trust_remote_code"],
+        )
+        return getattr(cpu, name).eval()
+
+    return locate_modules(torch, getattr(pipe, name), call, name, compiled, reference)
 
 
 def call_options():
@@ -237,6 +326,8 @@ def beside_result(name):
 
 
 def run_task(torch, preprocessor, pipe, state):
+    if SPEC.get("locate"):
+        return locate_stage(torch, pipe)
     name = denoiser_name(pipe)
     if SPEC["task_options"].get("forced_io"):
         return run_teacher_forced(torch, pipe, name)
