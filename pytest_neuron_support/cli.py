@@ -389,7 +389,11 @@ def _runscript(args: argparse.Namespace) -> int:
         return 2
     row = chosen[0]
     if args.reproducer:
-        return _reproducer(args, row)
+        why = row.reproducer_note or f"only a compile ERROR or a numerics FAIL has one, this row is {row.result}"
+        return _standalone(args, "reproducer", row.reproducer, why)
+    if args.fallbacks:
+        why = row.fallback_note or "only a run whose device ran operations on the host has one (fallback_ops is empty)"
+        return _standalone(args, "fallback reproducer", row.fallback_reproducer, why)
     again = reproduction(row, _catalog_extra_packages(args.models_file, args.model))
     if args.script_only:
         if again.runscript is None:
@@ -431,16 +435,15 @@ def _row_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _reproducer(args: argparse.Namespace, row: Any) -> int:
-    """The row's standalone reproducer (``row.reproducer``, under the results folder), or why there is none."""
-    if not row.reproducer:
-        why = row.reproducer_note or f"only a compile ERROR or a numerics FAIL has one, this row is {row.result}"
-        print(f"neuron-support runscript: no reproducer for {args.model}: {why}", file=sys.stderr)
+def _standalone(args: argparse.Namespace, what: str, script: str | None, why: str) -> int:
+    """A row's standalone script (``script``, under the results folder), or ``why`` there is none."""
+    if not script:
+        print(f"neuron-support runscript: no {what} for {args.model}: {why}", file=sys.stderr)
         return 1
-    path = Path(args.results_dir) / row.reproducer
+    path = Path(args.results_dir) / script
     if not path.is_file():
         print(
-            f"neuron-support runscript: {path} is gone (the reproducer lives in the sweep's run folders, "
+            f"neuron-support runscript: {path} is gone (the {what} lives in the sweep's run folders, "
             "which a merged or copied dataset does not carry): rerun the model to write it again",
             file=sys.stderr,
         )
@@ -869,6 +872,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="print only the row's standalone reproducer: a compile ERROR's failing graph (> repro.py), a numerics "
         "FAIL's first diverging module alone (> run.py)",
+    )
+    runscript.add_argument(
+        "--fallbacks",
+        action="store_true",
+        help="print only the row's fallback reproducer (> run.py): the calls of the ops the device ran on the host, "
+        "each made again alone with the recorded dtypes and shapes",
     )
     runscript.set_defaults(func=_runscript)
     explain = sub.add_parser(

@@ -1300,6 +1300,9 @@ def test_a_rows_page_tells_its_whole_story_and_carries_its_reproducer(browser: A
     script = results / "runs" / "org--beta-7b" / "neuron" / "compile-repro" / "repro.py"
     script.parent.mkdir(parents=True)
     script.write_text("# the graph the backend failed on\nraise SystemExit('NCC_IBIR227')\n")
+    replay = results / "runs" / "org--alpha-1b" / "neuron" / "fallback-repro" / "run.py"
+    replay.parent.mkdir(parents=True)
+    replay.write_text("# each call of the ops that fell back, alone\n")
     located = {
         "diverging_module": "model.layers.3.self_attn.o_proj",
         "diverging_module_kind": "Linear",
@@ -1312,7 +1315,18 @@ def test_a_rows_page_tells_its_whole_story_and_carries_its_reproducer(browser: A
     write_rows(
         results,
         [
-            make_row("org/alpha-1b", "FAIL", NEW, failure_stage="parity", error="tokens differ", **located),
+            make_row(
+                "org/alpha-1b",
+                "FAIL",
+                NEW,
+                failure_stage="parity",
+                error="tokens differ",
+                fallback_ops=("aten::cumsum",),
+                fallback_calls=("aten::cumsum(bfloat16[1, 7], -1) x3",),
+                fallback_reproducer="runs/org--alpha-1b/neuron/fallback-repro/run.py",
+                fallback_note="recorded on an eager rerun (4.0 s): 1 distinct call(s) of aten::cumsum",
+                **located,
+            ),
             make_row(
                 "org/beta-7b",
                 "ERROR",
@@ -1334,6 +1348,11 @@ def test_a_rows_page_tells_its_whole_story_and_carries_its_reproducer(browser: A
     assert "5. first diverging module\n   model.layers.3.self_attn.o_proj (Linear): relative distance" in story, story
     assert "the last module inside was model.layers.3.self_attn.v_proj" in story
     assert browser.find_elements(By.ID, "reproducer-box") == []  # a FAIL has no compile reproducer
+    # The ops it ran on the host: their calls with dtypes and shapes, and the script that makes each alone.
+    assert "fallback_calls: aten::cumsum(bfloat16[1, 7], -1) x3" in story
+    fallback = browser.find_element(By.ID, "fallback-box")
+    assert "runs/org--alpha-1b/neuron/fallback-repro/run.py" in fallback.find_element(By.TAG_NAME, "summary").text
+    assert browser.find_element(By.ID, "fallback-reproducer").get_attribute("textContent") == replay.read_text()
 
     ready(browser, uri + "#row=org/beta-7b/inference")
     box = browser.find_element(By.ID, "reproducer-box")
@@ -1341,3 +1360,4 @@ def test_a_rows_page_tells_its_whole_story_and_carries_its_reproducer(browser: A
     assert browser.find_element(By.ID, "reproducer").get_attribute("textContent") == script.read_text()
     story = browser.find_element(By.ID, "story").get_attribute("textContent")
     assert "the compiler's error code: NCC_IBIR227" in story and "--reproducer > repro.py" in story
+    assert browser.find_elements(By.ID, "fallback-box") == []  # nothing of it ran on the host

@@ -21,8 +21,9 @@ from pytest_neuron_support.data.signatures import compiler_error_code
 from pytest_neuron_support.planning.planner import Plan
 from pytest_neuron_support.run.context import DEVICE_RUN, Job, device_run_env
 from pytest_neuron_support.run.execution import failure_of, stage_name
+from pytest_neuron_support.run.fallbacks import capture_fallbacks
 from pytest_neuron_support.run.repro import capture_compile_failure
-from pytest_neuron_support.run.runscript import RunSpec
+from pytest_neuron_support.run.runscript import RunSpec, TrainSpec
 from pytest_neuron_support.run.settings import Settings, run_dir
 from pytest_neuron_support.verdict import decide
 
@@ -82,5 +83,15 @@ def run_check(
             captured = capture_compile_failure(job, spec, failed.error or "")
             script = None if captured.script is None else job.in_results(captured.script)
             row = replace(row, reproducer=script, reproducer_note=captured.note)
+        return with_fallback_calls(job, spec, row)
+    return with_fallback_calls(job, spec, kind.locate(job, kind.decide(job, row, result, side), result, spec))
+
+
+def with_fallback_calls(job: Job, spec: RunSpec | TrainSpec, row: Row) -> Row:
+    """A run whose device fell back to the host: the calls of those ops with their dtypes and shapes, and their
+    reproducer (one more eager device run: ``run.fallbacks``); any other row as it is."""
+    if not row.fallback_ops or not isinstance(spec, RunSpec):
         return row
-    return kind.locate(job, kind.decide(job, row, result, side), result, spec)
+    captured = capture_fallbacks(job, spec, row.fallback_ops)
+    script = None if captured.script is None else job.in_results(captured.script)
+    return replace(row, fallback_calls=captured.calls, fallback_reproducer=script, fallback_note=captured.note)

@@ -17,7 +17,7 @@ from typing import Any
 from pytest_neuron_support.data.signatures import MAX_MESSAGE, signature
 from pytest_neuron_support.verdict.training import GRAD_NORM_RTOL, LOSS_ATOL, LOSS_RTOL
 
-SCHEMA_VERSION = 11
+SCHEMA_VERSION = 12
 
 #: Every value of the ``result`` column and exactly what it means.
 RESULTS: Mapping[str, str] = {
@@ -462,6 +462,29 @@ class Row:
         metadata=_doc(
             "why the device's fallback-op list could not be read (a wheel without the private API it reads): "
             "fallback_ops is then unknown, not empty; null when it was read"
+        ),
+    )
+    fallback_calls: tuple[str, ...] = field(
+        default=(),
+        metadata=_doc(
+            "where fallback_ops is not empty: each distinct call of those ops with its arguments' dtypes and shapes "
+            "(aten::cumsum(bfloat16[1, 7], -1) x3), recorded on an eager rerun of the device run; empty otherwise "
+            "(fallback_note says why where the rerun could not say)"
+        ),
+    )
+    fallback_reproducer: str | None = field(
+        default=None,
+        metadata=_doc(
+            "the fallback reproducer, relative to the results folder: a run.py that loads no model and makes each "
+            "of fallback_calls again alone on the device, with random tensors of those dtypes and shapes, saying "
+            "after each whether the device's fallback list names its op; null where there was nothing to capture"
+        ),
+    )
+    fallback_note: str | None = field(
+        default=None,
+        metadata=_doc(
+            "where fallback_ops is not empty: how fallback_calls were captured and how to run the reproducer, or "
+            "why they were not; null on every other row"
         ),
     )
     peak_host_rss_bytes: int | None = field(default=None, metadata=_doc("peak resident memory of run.py"))

@@ -85,11 +85,15 @@ class RunSpec:
             device run's recording a teacher-forced check replays), written into ``SPEC["task_options"]``.
         locate: set only after a numerics FAIL (``cpu.locate``): run ONE forward at the first bad position
             with every module's output recorded instead of the task's run (``tokens``: a generation's prefix
-            after the prompt; ``device_trace``: the device side's recording, which a CPU side scores in float32
-            against ``noise_dtype``); None otherwise.
+            after the prompt; ``device_traces``: the device side's recordings, one per rank, which a CPU side
+            scores in float32 against ``noise_dtype``); None otherwise.
         capture_compile_failure: set only to rerun a compile ERROR (``run.repro``): Dynamo's own repro machinery
             (``torch._dynamo.config.repro_after = "dynamo"``) writes the graph the backend failed on as a
             standalone ``repro.py`` in the run's folder.
+        capture_fallbacks: set only to rerun a run whose device fell back to the host (``run.fallbacks``): the ops
+            it named, each distinct call of which the eager rerun records with its arguments' dtypes and shapes.
+        replay_fallbacks: set only in the fallback reproducer: the recorded calls, each made again alone on the
+            device with random tensors of those dtypes and shapes (no model is loaded).
     """
 
     model: str
@@ -117,6 +121,8 @@ class RunSpec:
     task_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     locate: Mapping[str, Any] | None = None
     capture_compile_failure: bool = False
+    capture_fallbacks: tuple[str, ...] = ()
+    replay_fallbacks: tuple[Mapping[str, Any], ...] = ()
 
     def to_spec(self) -> dict[str, Any]:
         spec = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "fragments"}
@@ -127,6 +133,8 @@ class RunSpec:
         spec["image_size"] = list(self.image_size)
         spec["forced_tokens"] = None if self.forced_tokens is None else list(self.forced_tokens)
         spec["task_options"] = dict(self.task_options)
+        spec["capture_fallbacks"] = list(self.capture_fallbacks)
+        spec["replay_fallbacks"] = [dict(call) for call in self.replay_fallbacks]
         return spec
 
 

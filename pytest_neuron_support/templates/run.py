@@ -38,6 +38,11 @@ saves every module's output; on the CPU it scores each against float32, next to 
 With SPEC["capture_compile_failure"] set (the harness's rerun of a compile ERROR), Dynamo's repro settings are
 on: the graph the backend fails on is written as repro.py beside this script.
 
+With SPEC["capture_fallbacks"] set (the harness's eager rerun of a run whose device fell back to the host), every
+distinct call of those ops is recorded with its arguments' dtypes and shapes (fallback_recorder). With
+SPEC["replay_fallbacks"] set, the script is the fallback reproducer: no model is loaded, and each recorded call is
+made again alone on the device with random tensors of those dtypes and shapes (replay_fallbacks).
+
 Every result has timings, peak memory, the stack's versions and the libraries' (libraries), and the
 operations that fell back to the host (fallback_ops; fallback_ops_unavailable where this wheel cannot
 say), or the stage that failed with the exception.
@@ -77,6 +82,8 @@ from tasks import COMPILED_CALL, load, prepare_task, run_task  # noqa: E402  # @
 def run():
     import torch
 
+    if SPEC.get("replay_fallbacks"):
+        return replay_fallbacks(torch)  # the fallback reproducer: no model, the recorded calls alone
     if SPEC.get("capture_compile_failure"):
         # A compile ERROR's rerun: Dynamo writes the graph the backend fails on as repro.py in this folder (the
         # graph, its inputs under checkpoints/), a script that fails the same way with no model and no harness.
@@ -99,7 +106,17 @@ def run():
     if SPEC.get("post_load"):
         # Code the harness's user asked to run after loading (pytest hook); empty by default.
         exec(SPEC["post_load"], {"torch": torch, "model": model, "SPEC": SPEC})
-    result = run_task(torch, preprocessor, model, state)
+    if SPEC.get("capture_fallbacks"):
+        # The harness's eager rerun of a run whose device fell back to the host: every distinct call of those ops,
+        # with its arguments' dtypes and shapes (a dispatch mode sees eager ops only: SPEC["compile"] is off).
+        with fallback_recorder(torch, SPEC["capture_fallbacks"]) as recorder:
+            result = run_task(torch, preprocessor, model, state)
+        calls = [
+            {**call, "words": f"{call['op']}({call_words(call)}) x{call['count']}"} for call in recorder.calls.values()
+        ]
+        result = {**result, "fallback_calls": calls}
+    else:
+        result = run_task(torch, preprocessor, model, state)
     ops, unknown = fallback_ops(torch)
     return {
         **result,
@@ -438,6 +455,142 @@ def fallback_ops(torch):
     except FALLBACK_MISSING as exc:
         return None, f"{type(exc).__name__}: {exc}"[:300]
     return (None if ops is None else sorted({str(op) for op in ops})), None
+
+
+#: How many distinct calls of one op a fallback capture keeps (a decoding loop repeats the same few).
+FALLBACK_CALLS_PER_OP = 8
+#: Op namespaces a fallback list may name an op with (``aten.cumsum``) beside torch's own ``aten::cumsum``.
+OP_NAMESPACES = ("aten", "prims", "c10d", "_c10d_functional", "neuron")
+
+
+def op_base(name):
+    """An op's name without its namespace or overload, however a list spells it: ``aten::add.Tensor``,
+    ``aten.add.Tensor``, ``torch.ops.aten.add.Tensor`` and ``add`` are all ``add``. The device's fallback list
+    and torch's dispatcher are matched on it (which spelling torch-neuronx's list uses is for the doctor)."""
+    name = str(name).removeprefix("torch.ops.")
+    if "::" in name:
+        return name.split("::", 1)[1].split(".")[0]
+    parts = name.split(".")
+    return parts[1] if len(parts) > 1 and parts[0] in OP_NAMESPACES else parts[0]
+
+
+def described(torch, value):
+    """An op argument as a fallback capture records it: a tensor's dtype, shape and device; a dtype or device by
+    name; a number, string, bool or None as it is; a list item by item; anything else as text."""
+    if isinstance(value, torch.Tensor):
+        return {"tensor": str(value.dtype).removeprefix("torch."), "shape": list(value.shape), "on": value.device.type}
+    if isinstance(value, torch.dtype):
+        return {"dtype": str(value).removeprefix("torch.")}
+    if isinstance(value, torch.device):
+        return {"device": value.type}
+    if isinstance(value, (list, tuple)):
+        return [described(torch, item) for item in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return {"other": str(value)}
+
+
+def fallback_recorder(torch, names):
+    """A dispatch mode that records every distinct call of the ops ``names`` (the device's fallback list) as
+    {op, args, kwargs, count}, in ``.calls``; every op still runs as it would."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    wanted = {op_base(name) for name in names}
+
+    class FallbackRecorder(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.calls = {}
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if op_base(func.name()) in wanted:
+                call = {
+                    "op": func.name(),
+                    "args": described(torch, list(args)),
+                    "kwargs": {key: described(torch, value) for key, value in kwargs.items()},
+                }
+                key = repr(call)
+                if key in self.calls:
+                    self.calls[key]["count"] += 1
+                elif sum(c["op"] == call["op"] for c in self.calls.values()) < FALLBACK_CALLS_PER_OP:
+                    self.calls[key] = {**call, "count": 1}
+            return func(*args, **kwargs)
+
+    return FallbackRecorder()
+
+
+def replay_fallbacks(torch):
+    """The fallback reproducer (SPEC["replay_fallbacks"]: the calls an eager rerun recorded): each call again, alone,
+    on the device, with random tensors of the recorded dtypes and shapes, and after each whether the device's
+    fallback list names its op. No model, no weights."""
+    device = torch.device(SPEC["device"]["device_map"])
+    enter("generate")
+    replayed = []
+    for call in SPEC["replay_fallbacks"]:
+        op = op_packet(torch, call["op"])
+        args = [argument(torch, item, device) for item in call["args"]]
+        kwargs = {key: argument(torch, item, device) for key, item in call["kwargs"].items()}
+        try:
+            op(*args, **kwargs)
+            synchronize(torch)
+            ran = "ran"
+        except Exception as exc:  # an op that fails alone is what this script reports, not an error of its own
+            ran = f"raised {type(exc).__name__}: {str(exc)[:200]}"
+        ops, unknown = fallback_ops(torch)
+        if ops is None:
+            fell = f"unknown ({unknown})" if unknown else f"the {SPEC['device']['name']} device keeps no fallback list"
+        else:
+            fell = (
+                "fell back to the host" if op_base(call["op"]) in {op_base(o) for o in ops} else "stayed on the device"
+            )
+        line = f"{call['op']}({call_words(call)}) x{call.get('count', 1)}: {ran}; {fell}"
+        print(line, flush=True)
+        replayed.append(line)
+    return {"tokens": [], "replayed": replayed, "fallback_ops": fallback_ops(torch)[0]}
+
+
+def op_packet(torch, name):
+    """``aten::add.Tensor`` as the callable ``torch.ops.aten.add.Tensor`` (``.default`` where no overload is named)."""
+    namespace, rest = name.split("::", 1)
+    base, _, overload = rest.partition(".")
+    return getattr(getattr(getattr(torch.ops, namespace), base), overload or "default")
+
+
+def argument(torch, item, device):
+    """A recorded argument made again: a tensor of its dtype and shape on ``device`` (random where floating,
+    zeros otherwise: a valid index), a dtype or device, a list item by item, a plain value as it was."""
+    if isinstance(item, list):
+        return [argument(torch, value, device) for value in item]
+    if not isinstance(item, dict):
+        return item
+    if "tensor" in item:
+        dtype = getattr(torch, item["tensor"])
+        where = device if item["on"] != "cpu" else torch.device("cpu")
+        if dtype.is_floating_point or dtype.is_complex:
+            return torch.randn(item["shape"], dtype=dtype, device=where)
+        return torch.zeros(item["shape"], dtype=dtype, device=where)
+    if "dtype" in item:
+        return getattr(torch, item["dtype"])
+    if "device" in item:
+        return device if item["device"] != "cpu" else torch.device("cpu")
+    return getattr(torch, item["other"].removeprefix("torch."), None)
+
+
+def call_words(call):
+    """A recorded call's arguments in words: ``bfloat16[1, 7], -1, dtype=float32``."""
+
+    def word(item):
+        if isinstance(item, list):
+            return "[" + ", ".join(word(value) for value in item) + "]"
+        if isinstance(item, dict):
+            if "tensor" in item:
+                return f"{item['tensor']}{item['shape']}"
+            return str(next(iter(item.values())))
+        return repr(item)
+
+    words = [word(item) for item in call["args"]] + [f"{key}={word(item)}" for key, item in call["kwargs"].items()]
+    return ", ".join(words)
 
 
 def library_versions():

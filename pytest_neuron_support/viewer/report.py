@@ -144,6 +144,8 @@ DETAIL_COLUMNS: tuple[str, ...] = (
     "repeat_identical",
     "fallback_ops",
     "fallback_ops_unknown",
+    "fallback_calls",
+    "fallback_reproducer",
     "graphs_compiled",
     "graph_breaks",
     "excess_graphs",
@@ -437,7 +439,8 @@ def report_data(
         # The row's page tells the whole story, as `neuron-support explain` prints it, and carries a compile
         # ERROR's reproducer (the run folders it lives in are not published with the site).
         record["story"] = story(row, by_stack[stack_stem(row)], again.instructions())
-        record["reproducer_script"] = reproducer_text(row, results_dir)
+        record["reproducer_script"] = script_text(row.reproducer, results_dir)
+        record["fallback_script"] = script_text(row.fallback_reproducer, results_dir)
         record.update(shown.get(index, {}))
         record.update(
             stack=again.stack,
@@ -508,14 +511,15 @@ def report_data(
 REPRODUCER_EMBED_BYTES = 256 << 10
 
 
-def reproducer_text(row: Row, results_dir: Path | None) -> str | None:
-    """A compile ERROR's reproducer script as the page shows it: its text, or where it is when it is too large
-    to embed or gone from the results folder; None for a row without one."""
-    if not row.reproducer:
+def script_text(script: str | None, results_dir: Path | None) -> str | None:
+    """A row's standalone script (``reproducer``, ``fallback_reproducer``: relative to the results folder) as the
+    page shows it: its text, or where it is when it is too large to embed or gone from the results folder; None
+    for a row without one."""
+    if not script:
         return None
-    path = None if results_dir is None else results_dir / row.reproducer
+    path = None if results_dir is None else results_dir / script
     if path is None or not path.is_file():
-        return f"# {row.reproducer} is not beside this report: rerun the model to write it again"
+        return f"# {script} is not beside this report: rerun the model to write it again"
     if path.stat().st_size > REPRODUCER_EMBED_BYTES:
         return f"# {path} is {path.stat().st_size:,} bytes, too large to embed: read it there"
     return path.read_text(encoding="utf-8")

@@ -67,6 +67,7 @@ EVIDENCE: tuple[str, ...] = (
     "recompile_limit",
     "fallback_ops",
     "fallback_ops_unknown",
+    "fallback_calls",
 )
 
 
@@ -107,6 +108,13 @@ def story(row: Row, stack_rows: Sequence[Row], instructions: str) -> str:
         )
     elif row.reproducer_note:
         lines.append(f"   no standalone reproducer: {row.reproducer_note}")
+    if row.fallback_reproducer:
+        lines.append(
+            f"   the fallback reproducer ({row.fallback_note}): "
+            f"neuron-support runscript {shlex.quote(row.model_id)} --stack {stem} --fallbacks > run.py"
+        )
+    elif row.fallback_note:
+        lines.append(f"   no fallback reproducer: {row.fallback_note}")
     lines += [f"   {line}" for line in instructions.splitlines()]
     return "\n".join(lines) + "\n"
 

@@ -1,0 +1,165 @@
+"""The operations a device ran on the host, with their arguments' dtypes and shapes, and the standalone script
+that makes each of those calls again alone.
+
+No CPU falls back to anything, so the host fallback is planted for real: a stand-in for a device wheel
+(``planted_wheel``), installed as a distribution whose ``torch.backends`` entry point torch autoloads in every
+process that imports it (as torch-neuronx is; the CPU side's ``TORCH_DEVICE_BACKEND_AUTOLOAD=0`` keeps it out of
+the CPU reference), registers its own CPU kernel for ``aten::embedding`` through ``torch.library`` and lists the
+op once that kernel ran, as torch-neuronx's ``get_fallback_ops()`` lists an op it ran on the host. A device row
+whose ``fallback_ops_expr`` reads that list stands in for the neuron row.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from faultkit import assert_outcomes, planted_conftest
+
+from pytest_neuron_support import zoo
+from pytest_neuron_support.base.storage import slug
+from pytest_neuron_support.devices.table import DEVICES
+from pytest_neuron_support.run.fallbacks import FOLDER, REPRO_FOLDER
+from pytest_neuron_support.run.runscript import RunSpec, render_and_run
+
+WHEEL = '''"""A device wheel whose host fallback is real: aten::embedding runs through this module's CPU kernel."""
+import torch
+
+FELL_BACK = []
+_LIBRARY = torch.library.Library("aten", "IMPL")
+
+
+def _embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+    FELL_BACK.append("aten::embedding")
+    return weight.index_select(0, indices.reshape(-1)).reshape(*indices.shape, weight.shape[-1])
+
+
+_LIBRARY.impl("embedding", _embedding, "CPU")
+
+
+def get_fallback_ops():
+    return sorted(set(FELL_BACK))
+
+
+def autoload():
+    """torch's device-backend autoload calls this; importing the module registered the kernel."""
+'''
+#: What the device row evaluates for its fallback list: the planted wheel's.
+LISTED = "__import__('planted_wheel').get_fallback_ops()"
+GPT2 = "tiny-random/gpt2"
+
+
+@pytest.fixture
+def wheel(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The planted wheel installed (its module, its dist-info, its autoload entry point) on the path of every
+    process this test starts."""
+    folder = tmp_path / "wheel"
+    info = folder / "planted_wheel-0.1.dist-info"
+    info.mkdir(parents=True)
+    (folder / "planted_wheel.py").write_text(WHEEL)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: planted-wheel\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[torch.backends]\nplanted_wheel = planted_wheel:autoload\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(folder), os.environ.get("PYTHONPATH")])))
+    return folder
+
+
+def run_spec(expr: str | None, **fields: object) -> RunSpec:
+    device = dataclasses.replace(DEVICES["cpu"], fallback_ops_expr=expr, env={"PLANTED": "1"})
+    base: dict[str, object] = dict(
+        model=GPT2,
+        revision="main",
+        task="text-generation",
+        dtype="float32",
+        prompt="Hello there",
+        max_new_tokens=4,
+        device=device,
+        compile=False,
+        compile_backend="eager",
+    )
+    base.update(fields)
+    return RunSpec(**base)  # type: ignore[arg-type]
+
+
+@pytest.mark.usefixtures("offline_hub", "wheel")
+def test_the_calls_of_an_op_that_fell_back_are_recorded_and_replayed_alone(tmp_path: Path) -> None:
+    env = dict(os.environ)
+    # The device run: its list names the op that ran on the host.
+    _, device = render_and_run(run_spec(LISTED), tmp_path / "device", env=env, timeout=300)
+    assert device.result is not None and device.result["ok"], device.result
+    assert device.result["fallback_ops"] == ["aten::embedding"]
+    # The eager rerun records every distinct call of it with its arguments' dtypes and shapes.
+    capture = run_spec(LISTED, capture_fallbacks=("aten::embedding",))
+    _, rerun = render_and_run(capture, tmp_path / "rerun", env=env, timeout=300)
+    assert rerun.result is not None and rerun.result["ok"], rerun.result
+    calls = rerun.result["fallback_calls"]
+    assert calls and {call["op"] for call in calls} == {"aten::embedding"}
+    weights, indices = calls[0]["args"][:2]
+    assert weights["tensor"] == "float32" and len(weights["shape"]) == 2 and weights["on"] == "cpu"
+    assert indices["tensor"] == "int64" and indices["shape"][0] == 1
+    assert calls[0]["words"].startswith(f"aten::embedding(float32{weights['shape']}, int64{indices['shape']}")
+    assert sum(call["count"] for call in calls) >= 2  # the token and position embeddings, every step
+    # The reproducer: no model, each call alone; the wheel's list names the op after it.
+    replay = run_spec(LISTED, replay_fallbacks=tuple(calls), model="org/not-downloaded")
+    _, replayed = render_and_run(replay, tmp_path / "replay", env=env, timeout=300)
+    assert replayed.result is not None and replayed.result["ok"], replayed.result
+    lines = replayed.result["replayed"]
+    assert len(lines) == len(calls)
+    assert all(line.endswith(": ran; fell back to the host") for line in lines), lines
+    # The same calls on a device whose list stays empty: the reproducer says they stayed on it.
+    stayed = run_spec("[]", replay_fallbacks=tuple(calls), model="org/not-downloaded")
+    _, clean = render_and_run(stayed, tmp_path / "clean", env=env, timeout=300)
+    assert clean.result is not None and clean.result["ok"], clean.result
+    assert all(line.endswith("; stayed on the device") for line in clean.result["replayed"]), clean.result
+
+
+@pytest.mark.usefixtures("offline_hub", "wheel", "eager_compile")
+@pytest.mark.slow
+def test_a_row_whose_device_fell_back_carries_the_calls_and_a_standalone_reproducer(
+    pytester: pytest.Pytester,
+) -> None:
+    # The device run and its rerun read the wheel's list (post-load); the CPU reference runs without the wheel.
+    plant = f"SPEC['device']['fallback_ops_expr'] = {LISTED!r}\n"
+    pytester.makeconftest(planted_conftest({GPT2: plant}))
+    prompt = json.dumps(zoo.TINY_PROMPT)
+    pytester.makefile(".yaml", models=f"models:\n  - {{id: {GPT2}, task: text-generation, prompt: {prompt}}}\n")
+    out = pytester.path / "out"
+    result = pytester.runpytest_subprocess("--device=cpu", "--results-dir=out", "--reference-cache=none")
+    assert_outcomes(result, out, passed=1)
+    row = pd.read_parquet(out / "data").set_index("model_id").loc[GPT2]
+    assert row.result == "PASS" and list(row.fallback_ops) == ["aten::embedding"]
+    assert len(row.fallback_calls) >= 1 and all(c.startswith("aten::embedding(bfloat16[") for c in row.fallback_calls)
+    assert row.fallback_note.startswith("recorded on an eager rerun"), row.fallback_note
+    runs = out / "runs" / slug(GPT2) / "cpu"
+    assert "'capture_fallbacks': ['aten::embedding']" in (runs / FOLDER / "run.py").read_text()
+    assert row.fallback_reproducer == f"runs/{slug(GPT2)}/cpu/{REPRO_FOLDER}/run.py"
+    # Run as a user runs it: its own folder, no pytest, no plugin, no model loaded.
+    alone = subprocess.run(
+        [sys.executable, "run.py", "--out", "result.json"],
+        cwd=(out / row.fallback_reproducer).parent,
+        env={k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    assert "aten::embedding(bfloat16[" in alone.stdout
+    assert ": ran; the cpu device keeps no fallback list" in alone.stdout
+    # Every call the row names is one the script makes.
+    made = [line.split(": ran;")[0] for line in alone.stdout.splitlines() if ": ran;" in line]
+    assert made == list(row.fallback_calls), (made, row.fallback_calls)
+    # `neuron-support runscript --fallbacks` hands it out; `explain` tells it with the calls.
+    cli = [sys.executable, "-m", "pytest_neuron_support.cli"]
+    handed = subprocess.run(
+        [*cli, "runscript", GPT2, f"--results-dir={out}", "--fallbacks"], capture_output=True, text=True, timeout=120
+    )
+    assert handed.returncode == 0 and handed.stdout == (out / row.fallback_reproducer).read_text(), handed.stderr
+    told = subprocess.run([*cli, "explain", GPT2, f"--results-dir={out}"], capture_output=True, text=True, timeout=120)
+    assert told.returncode == 0, told.stderr
+    assert f"   fallback_calls: {', '.join(row.fallback_calls)}\n" in told.stdout, told.stdout
+    assert f"the fallback reproducer ({row.fallback_note}): neuron-support runscript {GPT2}" in told.stdout
