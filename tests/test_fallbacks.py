@@ -5,7 +5,8 @@ No CPU falls back to anything, so the host fallback is planted for real: a stand
 (``planted_wheel``), installed as a distribution whose ``torch.backends`` entry point torch autoloads in every
 process that imports it (as torch-neuronx is; the CPU side's ``TORCH_DEVICE_BACKEND_AUTOLOAD=0`` keeps it out of
 the CPU reference), registers its own CPU kernel for ``aten::embedding`` through ``torch.library`` and lists the
-op once that kernel ran, as torch-neuronx's ``get_fallback_ops()`` lists an op it ran on the host. A device row
+op once that kernel ran on more than one token, as torch-neuronx's ``get_fallback_ops()`` lists an op it ran on
+the host: the prompt's embeddings fall back, a decoding step's do not. A device row
 whose ``fallback_ops_expr`` reads that list stands in for the neuron row.
 """
 
@@ -17,6 +18,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pytest
@@ -26,7 +28,7 @@ from pytest_neuron_support import zoo
 from pytest_neuron_support.base.storage import slug
 from pytest_neuron_support.devices.table import DEVICES
 from pytest_neuron_support.run.fallbacks import FOLDER, REPRO_FOLDER
-from pytest_neuron_support.run.runscript import RunSpec, render_and_run
+from pytest_neuron_support.run.runscript import RunSpec, render_and_run, template, with_spec
 
 WHEEL = '''"""A device wheel whose host fallback is real: aten::embedding runs through this module's CPU kernel."""
 import torch
@@ -36,7 +38,8 @@ _LIBRARY = torch.library.Library("aten", "IMPL")
 
 
 def _embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
-    FELL_BACK.append("aten::embedding")
+    if indices.shape[-1] > 1:  # the prompt's embedding falls back; a decoding step's one token does not
+        FELL_BACK.append("aten::embedding")
     return weight.index_select(0, indices.reshape(-1)).reshape(*indices.shape, weight.shape[-1])
 
 
@@ -50,6 +53,9 @@ def get_fallback_ops():
 def autoload():
     """torch's device-backend autoload calls this; importing the module registered the kernel."""
 '''
+#: Recorded arguments of calls made up for the replay: a float tensor and a mask of its shape.
+TENSOR = {"tensor": "float32", "shape": [2, 3], "on": "cpu"}
+MASK = {"tensor": "bool", "shape": [2, 3], "on": "cpu"}
 #: What the device row evaluates for its fallback list: the planted wheel's.
 LISTED = "__import__('planted_wheel').get_fallback_ops()"
 GPT2 = "tiny-random/gpt2"
@@ -104,15 +110,28 @@ def test_the_calls_of_an_op_that_fell_back_are_recorded_and_replayed_alone(tmp_p
     assert indices["tensor"] == "int64" and indices["shape"][0] == 1
     assert calls[0]["words"].startswith(f"aten::embedding(float32{weights['shape']}, int64{indices['shape']}")
     assert sum(call["count"] for call in calls) >= 2  # the token and position embeddings, every step
-    # The reproducer: no model, each call alone; the wheel's list names the op after it.
-    replay = run_spec(LISTED, replay_fallbacks=tuple(calls), model="org/not-downloaded")
+    # The reproducer: no model, each call alone in a process of its own; the wheel's list names the op after the
+    # prompt's calls only, and the decoding steps' calls are said to have stayed on the device.
+    odd = [
+        {"op": "aten::masked_fill.Scalar", "args": [TENSOR, MASK, {"float": "-inf"}], "kwargs": {}, "count": 1},
+        {"op": "aten::add.Tensor", "args": [TENSOR, {"other": "<a generator>"}], "kwargs": {}, "count": 1},
+    ]
+    replay = run_spec(LISTED, replay_fallbacks=(*calls, *odd), model="org/not-downloaded")
     _, replayed = render_and_run(replay, tmp_path / "replay", env=env, timeout=300)
     assert replayed.result is not None and replayed.result["ok"], replayed.result
     lines = replayed.result["replayed"]
-    assert len(lines) == len(calls)
-    assert all(line.endswith(": ran; fell back to the host") for line in lines), lines
+    assert len(lines) == len(calls) + 2
+    for call, line in zip(calls, lines, strict=False):
+        prompt = call["args"][1]["shape"][-1] > 1
+        said = ": ran; fell back to the host" if prompt else ": ran; stayed on the device"
+        assert line.endswith(said), (call, line)
+    assert {call["args"][1]["shape"][-1] > 1 for call in calls} == {True, False}  # both kinds were recorded
+    # A non-finite scalar is made again (a SPEC literal cannot hold -inf itself); an argument kept only as text is
+    # not replayable, and says so, without stopping the calls after it.
+    assert lines[-2].startswith("aten::masked_fill.Scalar(float32[2, 3], bool[2, 3], -inf) x1: ran; "), lines[-2]
+    assert lines[-1].startswith("aten::add.Tensor(float32[2, 3], <a generator>) x1: not replayable: ValueError"), lines
     # The same calls on a device whose list stays empty: the reproducer says they stayed on it.
-    stayed = run_spec("[]", replay_fallbacks=tuple(calls), model="org/not-downloaded")
+    stayed = run_spec("[]", replay_fallbacks=tuple(calls[:2]), model="org/not-downloaded")
     _, clean = render_and_run(stayed, tmp_path / "clean", env=env, timeout=300)
     assert clean.result is not None and clean.result["ok"], clean.result
     assert all(line.endswith("; stayed on the device") for line in clean.result["replayed"]), clean.result
@@ -163,3 +182,46 @@ def test_a_row_whose_device_fell_back_carries_the_calls_and_a_standalone_reprodu
     assert told.returncode == 0, told.stderr
     assert f"   fallback_calls: {', '.join(row.fallback_calls)}\n" in told.stdout, told.stdout
     assert f"the fallback reproducer ({row.fallback_note}): neuron-support runscript {GPT2}" in told.stdout
+
+
+def run_py_helpers() -> dict[str, Any]:
+    """run.py's own functions, as the rendered script defines them."""
+    spec = {"device": DEVICES["neuron"].as_runscript_spec()}
+    namespace: dict[str, Any] = {"__name__": "template"}
+    exec(
+        compile(with_spec(template("run.py", ("transformers.py", "text.py", "generation.py")), spec), "run.py", "exec"),
+        namespace,
+    )
+    return namespace
+
+
+def test_op_names_match_however_a_list_spells_them_and_arguments_are_recorded_as_a_spec_can_hold_them() -> None:
+    import torch
+
+    helpers = run_py_helpers()
+    op_base = helpers["op_base"]
+    for name in ("aten::add.Tensor", "aten.add.Tensor", "torch.ops.aten.add.Tensor", "add.Tensor", "add", "aten::add"):
+        assert op_base(name) == "add", name
+    assert op_base("torchvision::roi_align") == op_base("torchvision.roi_align") == "roi_align"
+    described = helpers["described"]
+    assert described(torch, float("-inf")) == {"float": "-inf"} and described(torch, 0.5) == 0.5
+    assert described(torch, [torch.zeros(2, 3, dtype=torch.bfloat16), torch.float32]) == [
+        {"tensor": "bfloat16", "shape": [2, 3], "on": "cpu"},
+        {"dtype": "float32"},
+    ]
+    # Only a call with a tensor on the run's device is a fallback; a call on host tensors is the host's own work.
+    on_the_device = helpers["on_the_device"]
+    assert on_the_device(torch, [torch.zeros(1), 3], "cpu") and not on_the_device(torch, [torch.zeros(1)], "neuron")
+    assert on_the_device(torch, [[torch.zeros(1, device="meta")]], "meta")
+
+
+def test_a_ranks_part_of_a_module_output_is_matched_to_its_slice_of_the_cpus() -> None:
+    held_slice = run_py_helpers()["held_slice"]
+    assert held_slice((1, 5, 8), (1, 5, 8), 1, 2) is ...
+    assert held_slice((1, 5, 8), (1, 5, 4), 1, 2) == (slice(None), slice(None), slice(4, 8))
+    # Tensor parallelism's chunks of ceil(size / world): 7 over 2 ranks is 4 then 3.
+    assert held_slice((1, 7), (1, 3), 1, 2) == (slice(None), slice(4, 7))
+    assert held_slice((1, 7), (1, 4), 0, 2) == (slice(None), slice(0, 4))
+    assert held_slice((1, 7), (1, 4), 1, 2) is None  # not what rank 1 holds
+    assert held_slice((2, 8), (1, 4), 0, 2) is None  # two dimensions differ
+    assert held_slice((8,), (1, 8), 0, 2) is None

@@ -101,8 +101,14 @@ CLASSIFIER = "tiny-random/distilbert-sst2"
 MISTRAL = "tiny-random/mistral"
 MLP = "planted/qwen3-mlp"
 HEAD = "planted/distilbert-head"
-#: The MLP fault again, in a model run on 2 cores (tensor parallel, a rank each): searched rank by rank.
+#: A fault on one rank of a model run on 2 cores (tensor parallel): rank 1's half of layer 1's column-parallel gate
+#: projection negated, which only a rank-by-rank search against the CPU's matching chunk can name.
 SHARDED = "planted/mistral-mlp"
+SHARDED_FAULT = (
+    "if torch.distributed.get_rank() == 1:\n"
+    "    with torch.no_grad():\n"
+    "        model.model.layers[1].mlp.gate_proj.weight.mul_(-1.0)\n"
+)
 #: The planted faults, on the device only: the last layer's MLP output projection, and the classifier head, negated.
 MLP_FAULT = "model.model.layers[1].mlp.down_proj.weight.mul_(-1.0)"
 HEAD_FAULT = "model.classifier.weight.mul_(-1.0)"
@@ -125,7 +131,7 @@ def test_planted_faults_are_named_exactly_and_a_pass_runs_no_search(pytester: py
             {
                 MLP: f"with torch.no_grad():\n    {MLP_FAULT}\n",
                 HEAD: f"with torch.no_grad():\n    {HEAD_FAULT}\n",
-                SHARDED: f"with torch.no_grad():\n    {MLP_FAULT}\n",
+                SHARDED: SHARDED_FAULT,
             }
         )
     )
@@ -187,14 +193,15 @@ def test_planted_faults_are_named_exactly_and_a_pass_runs_no_search(pytester: py
     assert head.last_inside_module == "dropout" and head.signature.startswith("parity: classifier (Linear)")
 
     # On 2 cores each rank's part of every module's output was compared with the CPU's slice it holds (a
-    # column-parallel projection's chunk, the whole output after a row-parallel one's all-reduce), and the fault is
-    # named the same; no single-module reproducer is written for it, and the row says why.
+    # column-parallel projection's chunk, the whole output after a row-parallel one's all-reduce): the fault on
+    # rank 1 alone is named, with the rank and the chunk; no single-module reproducer is written for it, and the
+    # row says why.
     sharded = df.loc[SHARDED]
     assert (sharded.result, sharded.failure_stage, sharded.neuron_cores) == ("FAIL", "parity", 2), sharded.error
-    assert sharded.diverging_module == "model.layers.1.mlp.down_proj", sharded.locate_note
-    assert sharded.last_inside_module == "model.layers.1.mlp.up_proj" and sharded.diverging_ratio > MULTIPLE
-    assert "(out on rank " in sharded.locate_note and ", the whole output)" in sharded.locate_note
-    assert sharded.signature.startswith("parity: model.layers.1.mlp.down_proj (Linear) diverges first; ")
+    assert sharded.diverging_module == "model.layers.1.mlp.gate_proj", sharded.locate_note
+    assert sharded.last_inside_module == "model.layers.1.post_attention_layernorm", sharded.locate_note
+    assert sharded.diverging_ratio > MULTIPLE and "(out on rank 1, its chunk 2/2 of dim 2)" in sharded.locate_note
+    assert sharded.signature.startswith("parity: model.layers.1.mlp.gate_proj (Linear) diverges first; ")
     sharded_runs = out / "runs" / slug(SHARDED) / "cpu"
     scored = json.loads((sharded_runs / CPU_FOLDER / "result.json").read_text())["modules"]
     held = {m["module"]: m["held"] for m in scored}

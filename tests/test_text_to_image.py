@@ -80,7 +80,7 @@ def test_the_tiny_pipeline_passes_and_a_fault_at_any_stage_fails_there(
     # The denoise fault: the noise prediction of the one call whose timestep appears once is scaled by 1.5,
     # in both pipeline calls alike (the warm run repeats it). The guidance fault: the guidance combine uses a
     # scale 20 % larger than asked. The scheduler fault: one step's new latent scaled by 1.3 (its PSNR alone
-    # would pass it). The decode fault: the VAE decoder's output negated. The placement fault: a buffer of the
+    # would pass it). The decode fault: the VAE decoder's last convolution negated. The placement fault: a buffer of the
     # text encoder left off the device (on `meta`, which every host has). The attention fault: one attention
     # block's output projection negated (every step). The pipeline calls the scheduler and the decoder with
     # return_dict=False: each returns a tuple.
@@ -105,13 +105,7 @@ FAULTS = {{
         "    return (out[0] * scale, *out[1:])\\n"
         "model.scheduler.step = planted\\n"
     ),
-    {DECODE!r}: (
-        "decode = model.vae.decode\\n"
-        "def planted(*args, **kwargs):\\n"
-        "    out = decode(*args, **kwargs)\\n"
-        "    return (-out[0], *out[1:])\\n"
-        "model.vae.decode = planted\\n"
-    ),
+    {DECODE!r}: "with torch.no_grad():\\n    model.vae.decoder.conv_out.weight.mul_(-1.0)\\n",
     {PLACEMENT!r}: "model.text_encoder.register_buffer('planted', torch.zeros(1, device='meta'))\\n",
     {ATTENTION!r}: "with torch.no_grad():\\n    model.unet.{ATTENTION_MODULE}.weight.mul_(-1.0)\\n",
 }}
@@ -172,10 +166,11 @@ def pytest_neuron_support_post_load(config, model):
     for outside in (GUIDANCE, SCHEDULER):  # the pipeline's own arithmetic: no module to search
         row = df.loc[outside]
         assert pd.isna(row.diverging_module) and "pipeline's own arithmetic, not a module" in row.locate_note
-    failed(DECODE, "decode", 0, "model.vae.decode = planted")
-    # Planted around the VAE's decode method, not in a module: the search says every module was inside.
-    decoded = df.loc[DECODE]
-    assert pd.isna(decoded.diverging_module) and "the fault is outside the modules" in decoded.locate_note
+    # The decode step is searched in the VAE fed the device's final latent: its last convolution is named.
+    decoded = failed(DECODE, "decode", 0, "model.vae.decoder.conv_out.weight.mul_(-1.0)")
+    assert (decoded.diverging_module, decoded.diverging_module_kind) == ("vae.decoder.conv_out", "Conv2d"), (
+        decoded.locate_note
+    )
 
     # The attention fault is named exactly: the first module out of tolerance in the denoiser fed the device's
     # own inputs of the first bad step, in the row, the error, the signature and the assertion pytest printed.

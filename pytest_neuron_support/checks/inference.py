@@ -106,8 +106,13 @@ class InferenceCheck:
                 return replace(row, **fields)
             script = module_reproducer(job, spec, options, first.stage)
             fields["reproducer"] = job.in_results(script)
+            beside = (
+                f" (it reads {options['recording']} beside it: keep the two together)"
+                if options.get("recording")
+                else ""
+            )
             fields["reproducer_note"] = (
                 f"the first diverging module alone: python3 run.py --out result.json (on the device) feeds "
-                f"{first.stage} the inputs it records from the CPU model and prints its distance and ratio"
+                f"{first.stage} the inputs it records from the CPU model and prints its distance and ratio{beside}"
             )
         return replace(row, **fields)

@@ -65,7 +65,7 @@ def locate(job: Job, device: RunSpec, cpu: RunSpec, options: Mapping[str, Any]) 
     on_cpu = replace(
         cpu,
         dtype="float32",
-        locate={**options, "device_traces": traced["traces"], "noise_dtype": device.dtype},
+        locate={**options, "device_traces": traced["traces"], "noise_dtype": device.dtype, "floor": FLOOR},
     )
     recorded(job, options, CPU_FOLDER)
     _, outcome = job.execute(on_cpu, CPU_FOLDER, job.cpu_env())

@@ -477,7 +477,8 @@ class Row:
         metadata=_doc(
             "the fallback reproducer, relative to the results folder: a run.py that loads no model and makes each "
             "of fallback_calls again alone on the device, with random tensors of those dtypes and shapes, saying "
-            "after each whether the device's fallback list names its op; null where there was nothing to capture"
+            "after each (in a process of its own) whether the device's fallback list names its op; null where "
+            "nothing fell back or nothing was captured (fallback_note says why)"
         ),
     )
     fallback_note: str | None = field(

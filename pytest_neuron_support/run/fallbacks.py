@@ -9,9 +9,12 @@ its op and overload, each argument's dtype and shape, how many times it was made
 device run's run.py with ``SPEC["replay_fallbacks"]`` set: no model, no weights, each call made again alone on the
 device with random tensors of those shapes, saying after each whether the device's list now names its op.
 
-Rerun calls of those ops include ones the device ran itself (an op that fell back at one shape may not at
-another); the reproducer tells them apart call by call. A device that keeps no list (cpu, cuda) never pays for
-it; on neuron only a run with a fallback does, one more eager run under a lease of the same cores.
+Only calls with a tensor on the device are kept (generate()'s own host work is no fallback), a sharded run's as
+its rank 0 runs them (a DTensor's local part). The rerun's calls of an op include ones the device ran itself (an
+op that falls back at one shape may not at another, and the compiled graphs run eagerly here); the reproducer
+tells them apart, each call in a process of its own, since the device's list only grows. A device that keeps no
+list (cpu, cuda) never pays for it; on neuron only a run with a fallback does, one more eager run under a lease of
+the same cores.
 """
 
 from __future__ import annotations
@@ -69,4 +72,5 @@ def capture_fallbacks(job: Job, spec: RunSpec, ops: Sequence[str]) -> Fallbacks:
         f"recorded on an eager rerun ({seconds:.1f} s{ranks}): {len(calls)} distinct call(s) of {', '.join(ops)}; "
         "python3 run.py --out result.json (on the device) makes each alone and says whether it fell back"
     )
-    return Fallbacks(tuple(str(call.get("words") or call.get("op")) for call in calls), script, note)
+    words = tuple(scrub(str(call.get("words") or call.get("op")), job.environ) or "" for call in calls)
+    return Fallbacks(words, script, note)

@@ -50,6 +50,7 @@ say), or the stage that failed with the exception.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -173,9 +174,19 @@ def traced(torch, model, call, prefix=""):
     finally:
         for handle in handles:
             handle.remove()
-    # A sharded module's output may be a DTensor: what this rank holds is its local part.
-    local = {key: value.to_local() if hasattr(value, "to_local") else value for key, value in recorded.items()}
-    return {key: value.to("cpu", torch.float32) for key, value in local.items()}, kinds
+    # A sharded module's output may be a DTensor: what this rank holds is its local part. A partial sum (a
+    # row-parallel output before its all-reduce) is no slice of the CPU's output: kept as None, said so.
+    local = {key: local_part(value) for key, value in recorded.items()}
+    return {key: None if value is None else value.to("cpu", torch.float32) for key, value in local.items()}, kinds
+
+
+def local_part(value):
+    """What this rank holds of a module's output: a DTensor's local tensor, None for a partial sum; else itself."""
+    if not hasattr(value, "to_local"):
+        return value
+    if any(type(placement).__name__ == "Partial" for placement in getattr(value, "placements", ())):
+        return None
+    return value.to_local()
 
 
 def module_path(prefix, name):
@@ -246,7 +257,7 @@ def locate_modules(torch, model, call, prefix="", compiled=compiled_as_run, refe
     model.to(getattr(torch, options["noise_dtype"]))
     rounded, _ = traced(torch, model, lambda: call(model), prefix)
     ranks = [torch.load(path) for path in options["device_traces"]]
-    scores, unpaired = scored_modules(torch, ranks, float32, rounded, kinds)
+    scores, unpaired = scored_modules(torch, ranks, float32, rounded, kinds, options["floor"])
     return {"modules": scores, "unpaired": unpaired, "tokens": [], "locate_s": time.perf_counter() - start}
 
 
@@ -255,13 +266,14 @@ def trace_file(rank):
     return TRACE_FILE if WORLD["size"] == 1 else TRACE_FILE.replace(".pt", f".rank{rank}.pt")
 
 
-def scored_modules(torch, ranks, float32, rounded, kinds):
+def scored_modules(torch, ranks, float32, rounded, kinds, floor):
     """(each module's score, in execution order; the modules not compared, each with why) for the device's
     traces, one per rank (``ranks``), against the CPU's float32 and dtype outputs.
 
     A rank's output is compared with the CPU's slice it matches (held_slice): all of it where the rank holds the
     whole output (a replicated module, or a row-parallel one after its all-reduce), its own chunk where the module
-    is sharded along one dimension (a column-parallel projection). A module's score is its worst rank's."""
+    is sharded along one dimension (a column-parallel projection). A module's score is its worst rank's: the
+    largest ratio of distance to noise (at least ``floor``, the calibrated rule's)."""
     scores, unpaired = [], [f"{name}: on the device only" for name in ranks[0] if name not in float32]
     for name, reference in float32.items():
         if name not in rounded:
@@ -270,8 +282,11 @@ def scored_modules(torch, ranks, float32, rounded, kinds):
         worst, why = None, None
         for rank, trace in enumerate(ranks):
             mine = trace.get(name)
+            on = f" (rank {rank})" if len(ranks) > 1 else ""
             if mine is None:
-                why = f"not recorded on the device (rank {rank})" if len(ranks) > 1 else "not recorded on the device"
+                why = (
+                    f"a partial sum{on}, before its all-reduce" if name in trace else f"not recorded on the device{on}"
+                )
                 break
             index = held_slice(reference.shape, mine.shape, rank, len(ranks))
             if index is None:
@@ -279,13 +294,17 @@ def scored_modules(torch, ranks, float32, rounded, kinds):
                 why = f"{holder} shape {list(mine.shape)}, the CPU {list(reference.shape)}: no slice of it matches"
                 break
             distance = relative_distance(torch, mine, reference[index])
-            if worst is None or not distance <= worst["distance"]:
+            noise = relative_distance(torch, rounded[name][index], reference[index])
+            # The rank furthest out under the rule (each chunk has its own noise), a NaN first.
+            ratio = distance / max(noise, floor) if distance == distance and noise == noise else float("inf")
+            if worst is None or ratio > worst["ratio"]:
                 worst = {
                     "module": name,
                     "kind": kinds[name],
                     "shape": list(reference.shape),
                     "distance": distance,
-                    "noise": relative_distance(torch, rounded[name][index], reference[index]),
+                    "noise": noise,
+                    "ratio": ratio,
                     **({"rank": rank, "held": held_words(index, rank, len(ranks))} if len(ranks) > 1 else {}),
                 }
         if why is not None:
@@ -296,18 +315,22 @@ def scored_modules(torch, ranks, float32, rounded, kinds):
 
 
 def held_slice(full, held, rank, world):
-    """The index of the CPU output's part a rank holds: ``...`` where the shapes are equal, that rank's chunk
-    where they differ in one dimension by the world's size (how tensor parallelism splits a module's output),
-    else None."""
+    """The index of the CPU output's part a rank holds: ``...`` where the shapes are equal, that rank's chunk where
+    they differ in one dimension as tensor parallelism splits a module's output over the world (chunks of
+    ceil(size / world), the last one shorter where it does not divide), else None."""
     if tuple(full) == tuple(held):
         return ...
     if len(full) != len(held):
         return None
     differ = [d for d, (a, b) in enumerate(zip(full, held, strict=True)) if a != b]
-    if len(differ) != 1 or full[differ[0]] != held[differ[0]] * world:
+    if len(differ) != 1:
         return None
-    dim, size = differ[0], held[differ[0]]
-    return (slice(None),) * dim + (slice(rank * size, (rank + 1) * size),)
+    dim = differ[0]
+    size = -(-full[dim] // world)
+    start, stop = rank * size, min((rank + 1) * size, full[dim])
+    if stop - start != held[dim]:
+        return None
+    return (slice(None),) * dim + (slice(start, stop),)
 
 
 def held_words(index, rank, world):
@@ -460,42 +483,67 @@ def fallback_ops(torch):
 #: How many distinct calls of one op a fallback capture keeps (a decoding loop repeats the same few).
 FALLBACK_CALLS_PER_OP = 8
 #: Op namespaces a fallback list may name an op with (``aten.cumsum``) beside torch's own ``aten::cumsum``.
-OP_NAMESPACES = ("aten", "prims", "c10d", "_c10d_functional", "neuron")
+OP_NAMESPACES = ("aten", "prims", "c10d", "_c10d_functional", "neuron", "torchvision")
+#: The variable that makes the fallback reproducer replay one call alone (its child processes: see replay_fallbacks).
+REPLAY_CALL_ENV = "NEURON_SUPPORT_REPLAY_CALL"
 
 
 def op_base(name):
     """An op's name without its namespace or overload, however a list spells it: ``aten::add.Tensor``,
-    ``aten.add.Tensor``, ``torch.ops.aten.add.Tensor`` and ``add`` are all ``add``. The device's fallback list
-    and torch's dispatcher are matched on it (which spelling torch-neuronx's list uses is for the doctor)."""
+    ``aten.add.Tensor``, ``torch.ops.aten.add.Tensor``, ``add.Tensor`` and ``add`` are all ``add``. The device's
+    fallback list and torch's dispatcher are matched on it (which spelling torch-neuronx's list uses is for the
+    doctor)."""
     name = str(name).removeprefix("torch.ops.")
     if "::" in name:
         return name.split("::", 1)[1].split(".")[0]
     parts = name.split(".")
-    return parts[1] if len(parts) > 1 and parts[0] in OP_NAMESPACES else parts[0]
+    if len(parts) > 2 or (len(parts) == 2 and parts[0] in OP_NAMESPACES):
+        return parts[1]
+    return parts[0]
 
 
 def described(torch, value):
-    """An op argument as a fallback capture records it: a tensor's dtype, shape and device; a dtype or device by
-    name; a number, string, bool or None as it is; a list item by item; anything else as text."""
+    """An op argument as a fallback capture records it: a tensor's dtype, shape and device (a DTensor's local part,
+    what this rank runs, with its placements); a dtype or device by name; a non-finite float by name (a literal
+    SPEC cannot hold it); a number, string, bool or None as it is; a list item by item; anything else as text."""
     if isinstance(value, torch.Tensor):
-        return {"tensor": str(value.dtype).removeprefix("torch."), "shape": list(value.shape), "on": value.device.type}
+        local = getattr(value, "_local_tensor", None)
+        shown = value if local is None else local
+        found = {"tensor": str(shown.dtype).removeprefix("torch."), "shape": list(shown.shape), "on": shown.device.type}
+        return found if local is None else {**found, "placements": str(getattr(value, "placements", ""))}
     if isinstance(value, torch.dtype):
         return {"dtype": str(value).removeprefix("torch.")}
     if isinstance(value, torch.device):
         return {"device": value.type}
     if isinstance(value, (list, tuple)):
         return [described(torch, item) for item in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return {"float": str(value)}
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     return {"other": str(value)}
 
 
+def on_the_device(torch, values, device_type):
+    """Whether any tensor among ``values`` (nested) is on the run's device: a call made on host tensors (generate()'s
+    own bookkeeping) is the host's own work, not a fallback."""
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            local = getattr(value, "_local_tensor", value)
+            if local.device.type == device_type:
+                return True
+        elif isinstance(value, (list, tuple)) and on_the_device(torch, value, device_type):
+            return True
+    return False
+
+
 def fallback_recorder(torch, names):
-    """A dispatch mode that records every distinct call of the ops ``names`` (the device's fallback list) as
-    {op, args, kwargs, count}, in ``.calls``; every op still runs as it would."""
+    """A dispatch mode that records every distinct call of the ops ``names`` (the device's fallback list) made on
+    the run's device as {op, args, kwargs, count}, in ``.calls``; every op still runs as it would."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     wanted = {op_base(name) for name in names}
+    device_type = torch.device(SPEC["device"]["device_map"]).type
 
     class FallbackRecorder(TorchDispatchMode):
         def __init__(self):
@@ -504,7 +552,7 @@ def fallback_recorder(torch, names):
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
-            if op_base(func.name()) in wanted:
+            if op_base(func.name()) in wanted and on_the_device(torch, [*args, *kwargs.values()], device_type):
                 call = {
                     "op": func.name(),
                     "args": described(torch, list(args)),
@@ -521,33 +569,59 @@ def fallback_recorder(torch, names):
 
 
 def replay_fallbacks(torch):
-    """The fallback reproducer (SPEC["replay_fallbacks"]: the calls an eager rerun recorded): each call again, alone,
-    on the device, with random tensors of the recorded dtypes and shapes, and after each whether the device's
-    fallback list names its op. No model, no weights."""
-    device = torch.device(SPEC["device"]["device_map"])
+    """The fallback reproducer (SPEC["replay_fallbacks"]: the calls an eager rerun recorded). The device's list only
+    grows, so each call is made in a process of its own (this script again, REPLAY_CALL_ENV naming the call): alone,
+    on the device, with random tensors of the recorded dtypes and shapes, and then whether the device's fallback
+    list names its op. No model, no weights."""
+    import subprocess
+
+    calls = SPEC["replay_fallbacks"]
+    one = os.environ.get(REPLAY_CALL_ENV)
+    if one is not None:
+        return {"tokens": [], "replayed": [replay_call(torch, calls[int(one)])]}
     enter("generate")
     replayed = []
-    for call in SPEC["replay_fallbacks"]:
-        op = op_packet(torch, call["op"])
-        args = [argument(torch, item, device) for item in call["args"]]
-        kwargs = {key: argument(torch, item, device) for key, item in call["kwargs"].items()}
+    here = os.path.dirname(os.path.abspath(__file__))
+    for index, call in enumerate(calls):
+        out = os.path.join(here, f"call-{index}.json")
+        env = {**os.environ, REPLAY_CALL_ENV: str(index)}
+        ended = subprocess.run([sys.executable, os.path.abspath(__file__), "--out", out], env=env, check=False)
         try:
-            op(*args, **kwargs)
-            synchronize(torch)
-            ran = "ran"
-        except Exception as exc:  # an op that fails alone is what this script reports, not an error of its own
-            ran = f"raised {type(exc).__name__}: {str(exc)[:200]}"
-        ops, unknown = fallback_ops(torch)
-        if ops is None:
-            fell = f"unknown ({unknown})" if unknown else f"the {SPEC['device']['name']} device keeps no fallback list"
-        else:
-            fell = (
-                "fell back to the host" if op_base(call["op"]) in {op_base(o) for o in ops} else "stayed on the device"
-            )
-        line = f"{call['op']}({call_words(call)}) x{call.get('count', 1)}: {ran}; {fell}"
+            with open(out, encoding="utf-8") as handle:
+                child = json.load(handle)
+            os.remove(out)
+        except (OSError, ValueError):
+            child = {"ok": False, "error": f"exit status {ended.returncode}, no result"}
+        words = f"{call['op']}({call_words(call)}) x{call.get('count', 1)}"
+        line = child["replayed"][0] if child.get("ok") else f"{words}: the replay failed: {child.get('error')}"
         print(line, flush=True)
         replayed.append(line)
-    return {"tokens": [], "replayed": replayed, "fallback_ops": fallback_ops(torch)[0]}
+    return {"tokens": [], "replayed": replayed}
+
+
+def replay_call(torch, call):
+    """One recorded call made again alone on the device: what happened, and whether the device fell back."""
+    device = torch.device(SPEC["device"]["device_map"])
+    words = f"{call['op']}({call_words(call)}) x{call.get('count', 1)}"
+    try:
+        op = op_packet(torch, call["op"])
+        args = [made_again(torch, item, device) for item in call["args"]]
+        kwargs = {key: made_again(torch, item, device) for key, item in call["kwargs"].items()}
+    except (AttributeError, TypeError, ValueError, RuntimeError) as exc:  # an argument no tensor factory makes
+        return f"{words}: not replayable: {type(exc).__name__}: {str(exc)[:200]}"
+    try:
+        op(*args, **kwargs)
+        synchronize(torch)
+        ran = "ran"
+    except Exception as exc:  # an op that fails alone is what this script reports, not an error of its own
+        ran = f"raised {type(exc).__name__}: {str(exc)[:200]}"
+    ops, unknown = fallback_ops(torch)
+    if ops is None:
+        fell = f"unknown ({unknown})" if unknown else f"the {SPEC['device']['name']} device keeps no fallback list"
+    else:
+        named = op_base(call["op"]) in {op_base(o) for o in ops}
+        fell = "fell back to the host" if named else "stayed on the device"
+    return f"{words}: {ran}; {fell}"
 
 
 def op_packet(torch, name):
@@ -557,11 +631,12 @@ def op_packet(torch, name):
     return getattr(getattr(getattr(torch.ops, namespace), base), overload or "default")
 
 
-def argument(torch, item, device):
+def made_again(torch, item, device):
     """A recorded argument made again: a tensor of its dtype and shape on ``device`` (random where floating,
-    zeros otherwise: a valid index), a dtype or device, a list item by item, a plain value as it was."""
+    zeros otherwise: a valid index), a dtype, a device, a non-finite float, a list item by item, a plain value as
+    it was. Anything else cannot be made from its text: ValueError."""
     if isinstance(item, list):
-        return [argument(torch, value, device) for value in item]
+        return [made_again(torch, value, device) for value in item]
     if not isinstance(item, dict):
         return item
     if "tensor" in item:
@@ -574,7 +649,9 @@ def argument(torch, item, device):
         return getattr(torch, item["dtype"])
     if "device" in item:
         return device if item["device"] != "cpu" else torch.device("cpu")
-    return getattr(torch, item["other"].removeprefix("torch."), None)
+    if "float" in item:
+        return float(item["float"])
+    raise ValueError(f"an argument recorded only as text: {item.get('other')!r}")
 
 
 def call_words(call):

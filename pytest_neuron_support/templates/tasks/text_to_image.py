@@ -125,7 +125,7 @@ class StageTape:
         if replay is None:
             # A device run keeps each denoiser call's whole input, for a FAIL's module search (locate_stage).
             self.record["calls"] = []
-            self.record["weights_dtype"] = str(next(module.parameters()).dtype).removeprefix("torch.")
+            self.record["weights_dtype"] = SPEC["dtype"]  # what the pipeline casts its inputs to
         self.hooks = [
             module.register_forward_pre_hook(self.before_denoiser, with_kwargs=True),
             module.register_forward_hook(self.after_denoiser, with_kwargs=True),
@@ -197,10 +197,16 @@ class StageTape:
         return self.decode(*args, **kwargs)
 
 
+#: What a recording keeps of a call argument it cannot store (torch.load's weights_only refuses other objects).
+UNRECORDED = "unrecorded"
+
+
 def kept_input(value, before):
     """A denoiser call's input as the recording keeps it: every tensor on the host in its own dtype (a timestep
     stays float32 or int64 where the latent is bfloat16), one equal to the previous call's (``before``) kept once
-    (the prompt's embeddings: the same at every step)."""
+    (the prompt's embeddings: the same at every step); plain values as they are; any other object by its type's
+    name only ({UNRECORDED: name}), so the recording still loads safely and the module search says why it
+    cannot feed that call again."""
     if hasattr(value, "is_floating_point"):
         copy = value.detach().to("cpu")
         same = hasattr(before, "is_floating_point") and before.dtype == copy.dtype and before.shape == copy.shape
@@ -211,7 +217,20 @@ def kept_input(value, before):
     if isinstance(value, (list, tuple)):
         earlier = before if isinstance(before, list) and len(before) == len(value) else [None] * len(value)
         return [kept_input(item, old) for item, old in zip(value, earlier, strict=True)]
-    return value
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return {UNRECORDED: type(value).__name__}
+
+
+def unrecorded(value):
+    """The type names of the objects a kept call input could not store."""
+    if isinstance(value, dict):
+        if set(value) == {UNRECORDED}:
+            return {value[UNRECORDED]}
+        return set().union(*(unrecorded(item) for item in value.values()))
+    if isinstance(value, list):
+        return set().union(*(unrecorded(item) for item in value))
+    return set()
 
 
 def as_run(value, device, source, dtype):
@@ -248,6 +267,9 @@ def locate_stage(torch, pipe):
 
     else:
         given, source = recorded["calls"][options["call"]], recorded["weights_dtype"]
+        missing = sorted(unrecorded(given))
+        if missing:
+            raise NotImplementedError(f"the denoiser call passes {', '.join(missing)}, which the recording cannot keep")
 
         def call(forward):
             weights = next(forward.parameters())
