@@ -76,7 +76,7 @@ def wheel(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def run_spec(expr: str | None, **fields: object) -> RunSpec:
-    device = dataclasses.replace(DEVICES["cpu"], fallback_ops_expr=expr, env={"PLANTED": "1"})
+    device = dataclasses.replace(DEVICES["cpu"], fallback_ops_expr=expr)
     base: dict[str, object] = dict(
         model=GPT2,
         revision="main",
