@@ -70,7 +70,19 @@ def _module_lines(row: Row) -> list[str]:
             f"first diverging module: {row.diverging_module}{kind}, distance {row.diverging_distance:.4g} = "
             f"{row.diverging_ratio:.3g}x the dtype's noise{inside}"
         ]
-    return [f"module search: {row.locate_note}"] if row.locate_note else []
+    return [f"module search: {brief(row.locate_note)}"] if row.locate_note else []
+
+
+#: The longest note the assertion message quotes whole: pytest cuts a message of more than 640 characters
+#: (outside CI) before the evidence lines after it, and the row and `neuron-support explain` keep the note whole.
+NOTE_CHARS = 120
+
+
+def brief(note: str) -> str:
+    """``note`` as the assertion message quotes it: whole up to :data:`NOTE_CHARS`, else cut at a word, with "…"."""
+    if len(note) <= NOTE_CHARS:
+        return note
+    return note[: note.rfind(" ", 0, NOTE_CHARS)] + " …"
 
 
 def _training_lines(row: Row) -> list[str]:

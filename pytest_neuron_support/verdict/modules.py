@@ -50,10 +50,9 @@ class Divergence:
             return f"no module named: {self.problem}"
         if self.first is None:
             return (
-                f"every one of {self.compared} module outputs was inside the tolerance on the rerun: the divergence "
-                "did not repeat in any module's output of one forward with hooks: the fault is outside the modules "
-                "(the code between them, such as a method the pipeline calls, or a decoding graph the rerun does not "
-                "build)"
+                f"every one of {self.compared} module outputs was inside the tolerance on the rerun: the fault is "
+                "outside the modules (the code between them, such as a method the pipeline calls, or a decoding graph "
+                "the rerun does not build)"
             )
         kind = f" ({self.kind})" if self.kind else ""
         inside = f"; the last module inside was {self.last_inside}" if self.last_inside else ""
