@@ -112,9 +112,7 @@ def run():
         # with its arguments' dtypes and shapes (a dispatch mode sees eager ops only: SPEC["compile"] is off).
         with fallback_recorder(torch, SPEC["capture_fallbacks"]) as recorder:
             result = run_task(torch, preprocessor, model, state)
-        calls = [
-            {**call, "words": f"{call['op']}({call_words(call)}) x{call['count']}"} for call in recorder.calls.values()
-        ]
+        calls = [{**call, "words": call_words(call)} for call in recorder.calls.values()]
         result = {**result, "fallback_calls": calls}
     else:
         result = run_task(torch, preprocessor, model, state)
@@ -403,14 +401,17 @@ def reproduce_module(torch, model, call, prefix, compiled, reference):
     return {"module": name, "distance": distance, "noise": noise, "ratio": ratio, "tokens": []}
 
 
-def placed(value, device, dtype):
-    """``value`` (a module's positional or keyword inputs, nested) on ``device``, floating tensors in ``dtype``."""
+def placed(value, device, dtype, only=None):
+    """``value`` (a module's positional or keyword inputs, nested) on ``device``, floating tensors in ``dtype``;
+    with ``only`` (a dtype's name), only the floating tensors of that dtype are cast (a recording's inputs that
+    followed the weights), every other tensor keeps its own (a float32 timestep beside bfloat16 latents)."""
     if hasattr(value, "is_floating_point"):
-        return value.to(device, dtype) if value.is_floating_point() else value.to(device)
+        follows = value.is_floating_point() and (only is None or str(value.dtype).removeprefix("torch.") == only)
+        return value.to(device, dtype) if follows else value.to(device)
     if isinstance(value, dict):
-        return {key: placed(item, device, dtype) for key, item in value.items()}
+        return {key: placed(item, device, dtype, only) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
-        return type(value)(placed(item, device, dtype) for item in value)
+        return type(value)(placed(item, device, dtype, only) for item in value)
     return value
 
 
@@ -592,7 +593,7 @@ def replay_fallbacks(torch):
             os.remove(out)
         except (OSError, ValueError):
             child = {"ok": False, "error": f"exit status {ended.returncode}, no result"}
-        words = f"{call['op']}({call_words(call)}) x{call.get('count', 1)}"
+        words = call_words(call)
         line = child["replayed"][0] if child.get("ok") else f"{words}: the replay failed: {child.get('error')}"
         print(line, flush=True)
         replayed.append(line)
@@ -602,7 +603,7 @@ def replay_fallbacks(torch):
 def replay_call(torch, call):
     """One recorded call made again alone on the device: what happened, and whether the device fell back."""
     device = torch.device(SPEC["device"]["device_map"])
-    words = f"{call['op']}({call_words(call)}) x{call.get('count', 1)}"
+    words = call_words(call)
     try:
         op = op_packet(torch, call["op"])
         args = [made_again(torch, item, device) for item in call["args"]]
@@ -655,7 +656,8 @@ def made_again(torch, item, device):
 
 
 def call_words(call):
-    """A recorded call's arguments in words: ``bfloat16[1, 7], -1, dtype=float32``."""
+    """A recorded call in words, as the row, the capture's result and the replay name it:
+    ``aten::cumsum(bfloat16[1, 7], -1, dtype=float32) x3``."""
 
     def word(item):
         if isinstance(item, list):
@@ -667,7 +669,7 @@ def call_words(call):
         return repr(item)
 
     words = [word(item) for item in call["args"]] + [f"{key}={word(item)}" for key, item in call["kwargs"].items()]
-    return ", ".join(words)
+    return f"{call['op']}({', '.join(words)}) x{call.get('count', 1)}"
 
 
 def library_versions():

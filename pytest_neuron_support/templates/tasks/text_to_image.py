@@ -233,19 +233,6 @@ def unrecorded(value):
     return set()
 
 
-def as_run(value, device, source, dtype):
-    """A recorded input for a run of the model in ``dtype`` on ``device``: floating tensors that were in the
-    device run's weights dtype (``source``) follow the weights; every other tensor keeps its dtype."""
-    if hasattr(value, "is_floating_point"):
-        follows = value.is_floating_point() and str(value.dtype).removeprefix("torch.") == source
-        return value.to(device, dtype) if follows else value.to(device)
-    if isinstance(value, dict):
-        return {key: as_run(item, device, source, dtype) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [as_run(item, device, source, dtype) for item in value]
-    return value
-
-
 def locate_stage(torch, pipe):
     """The module search of one denoise or decode step (SPEC["locate"]: ``component``, ``call``, and ``recording``,
     the device run's recording, copied beside this script): the denoiser fed that call's recorded inputs, compiled
@@ -273,13 +260,11 @@ def locate_stage(torch, pipe):
 
         def call(forward):
             weights = next(forward.parameters())
-            inputs = as_run(given, weights.device, source, weights.dtype)
+            inputs = placed(given, weights.device, weights.dtype, only=source)
             return forward(*inputs["args"], **inputs["kwargs"])
 
         def compiled(torch, module):
-            if not SPEC["compile"]:
-                return module
-            return torch.compile(module, backend=SPEC["compile_backend"], fullgraph=True)  # as compile_denoiser
+            return compiled_denoiser(torch, module) if SPEC["compile"] else module
 
     def reference(torch):
         import diffusers
@@ -318,8 +303,13 @@ def compile_denoiser(torch, pipe, name):
     """Compile the denoiser the way diffusers' own Neuron test does: ``torch.compile(fullgraph=True)`` with
     the device's backend (diffusers has no pipeline-level Neuron compile call: ``enable_neuron_compile`` was
     in a draft of its Neuron PR and removed before the merge). Returns how, for the result."""
-    setattr(pipe, name, torch.compile(getattr(pipe, name), backend=SPEC["compile_backend"], fullgraph=True))
+    setattr(pipe, name, compiled_denoiser(torch, getattr(pipe, name)))
     return f"torch.compile(pipe.{name}, backend={SPEC['compile_backend']!r}, fullgraph=True)"
+
+
+def compiled_denoiser(torch, module):
+    """The denoiser as every run compiles it (the device run, and the module search of one of its calls)."""
+    return torch.compile(module, backend=SPEC["compile_backend"], fullgraph=True)
 
 
 def component_devices(torch, pipe):
