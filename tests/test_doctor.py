@@ -353,6 +353,18 @@ def test_the_device_check_counts_neuron_cores_without_reading_unpinned_propertie
     assert [c for c in calls(log) if c["call"] == "get_device_properties"] == [], calls(log)
 
 
+def test_a_doctor_process_gets_the_rows_one_rank_variables_only_on_one_core_and_the_users_win(tmp_path: Path) -> None:
+    # The cpu row's C++ wrapper cannot compile a sharded graph: a process over two cores (two ranks) must not get it.
+    from pytest_neuron_support.doctor.check import Doctor
+
+    doctor = Doctor(DEVICES["cpu"], timeout=120, work_dir=tmp_path, environ={"HOME": "/h"})
+    one, two = doctor.device_env([0]), doctor.device_env([0, 1])
+    assert one["TORCHINDUCTOR_CPP_WRAPPER"] == "1" and "TORCHINDUCTOR_CPP_WRAPPER" not in two
+    assert one["TORCHINDUCTOR_VEC_ISA_OK"] == two["TORCHINDUCTOR_VEC_ISA_OK"] == "1"
+    own = Doctor(DEVICES["cpu"], timeout=120, work_dir=tmp_path, environ={"TORCHINDUCTOR_CPP_WRAPPER": "0"})
+    assert own.device_env([0])["TORCHINDUCTOR_CPP_WRAPPER"] == "0"
+
+
 def test_a_wheel_without_the_cache_stats_api_generates_with_unknown_counters_and_the_doctor_says_so() -> None:
     # The issue: the stats call is a private _C._ binding; where a wheel lacks it, run.py raised
     # AttributeError before its first stage and every row was an ERROR at `load`.

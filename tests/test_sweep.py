@@ -140,9 +140,14 @@ def test_tiny_zoo_sweep_passes_every_architecture_with_four_workers_over_four_co
     # CPU-side runs load no device backend; the device run does not get that switch.
     runs = pytester.path / "out" / "runs" / "tiny-random--qwen3" / "cpu"
     reference = json.loads((runs / "reference" / "result.json").read_text())
-    assert reference["environment"] == {"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
+    row_env = {"TORCHINDUCTOR_VEC_ISA_OK": "1", "TORCHINDUCTOR_CPP_WRAPPER": "1"}  # the cpu row's, as run.py set them
+    assert reference["environment"] == {"TORCH_DEVICE_BACKEND_AUTOLOAD": "0", **row_env}
     device = json.loads((runs / "device" / "result.json").read_text())
-    assert device["environment"] == {"TORCH_DEVICE_BACKEND_AUTOLOAD": None}
+    assert device["environment"] == {"TORCH_DEVICE_BACKEND_AUTOLOAD": None, **row_env}
+    # A one-rank run compiles with inductor's C++ wrapper (the cpu row's unsharded_env); a sharded run's ranks
+    # keep the Python wrapper, which can call a tensor-parallel graph's ops.
+    sharded_run = pytester.path / "out" / "runs" / "tiny-random--olmo2" / "cpu" / "device" / "result.json"
+    assert json.loads(sharded_run.read_text())["environment"]["TORCHINDUCTOR_CPP_WRAPPER"] is None
     assert (df.compile_s > 0).all() and (df.load_s > 0).all() and (df.run_s > df.first_generate_s).all()
     # The warm run's split: its first token within it, and 31 more decoded at a measured rate.
     warm = df[df.task.isin(TOKEN_TASKS)]

@@ -49,6 +49,9 @@ class DeviceKind:
             compiled graph eagerly after it failed to *execute* (``backend.py``), which would be a
             false PASS; a graph that fails to *compile* raises with or without it (neuronx-cc runs
             asynchronously, so its errors surface at execution or ``synchronize()``).
+        unsharded_env: variables run.py sets, beside ``env``, for a run of one rank only (cpu: inductor's
+            C++ wrapper, which compiles a graph as one translation unit but cannot call a sharded graph's
+            ops).
         count_expr: Python expression (after ``import torch``) giving how many cores or
             devices the machine has; evaluated only inside :func:`probe`'s subprocess. It must
             not initialise the runtime (neuron: ``device_count()`` reads
@@ -116,6 +119,7 @@ class DeviceKind:
     force_compile: bool
     memory_module: str | None
     env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    unsharded_env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     count_expr: str = "0"
     memory_expr: str | None = None
     memory_needs_pinning: bool = False
@@ -157,6 +161,7 @@ class DeviceKind:
             "fallback_ops_expr": self.fallback_ops_expr,
             "compiler_version_expr": self.compiler_version_expr,
             "env": dict(self.env),
+            "unsharded_env": dict(self.unsharded_env),
             "train_use_cpu": self.train_use_cpu,
             "root_comm_env": self.root_comm_env,
         }
@@ -218,6 +223,19 @@ DEVICES: Mapping[str, DeviceKind] = MappingProxyType(
             core_env_contiguous=False,
             force_compile=True,
             memory_module=None,
+            # inductor's C++ wrapper: a graph's wrapper and kernels compile as one C++ translation unit
+            # instead of one per kernel (each including torch's kernel prefix header), so a cold compile of a
+            # one-rank tiny-zoo run costs about a fifth less CPU (yolos 17 CPU-s against 22, qwen3 28 against
+            # 33, the whole run.py: benchmarks/results/ci-timings.md); the kernels are the same code. Not
+            # for sharded runs: the C++ wrapper cannot call the ops of a tensor-parallel graph ("arg type Any
+            # is not yet supported by custom_op_wrapper", torch 2.13). A user's own value wins.
+            unsharded_env=MappingProxyType({"TORCHINDUCTOR_CPP_WRAPPER": "1"}),
+            # inductor takes the vector ISAs /proc/cpuinfo lists (those the kernel enabled) instead of
+            # proving each in every process that compiles: its probe builds a test program per ISA (cached)
+            # and then starts a Python child per ISA to dlopen it (not cached), about 1.2 CPU-s a process.
+            # A compiler that cannot build one fails the compile with its own error (a user's own
+            # TORCHINDUCTOR_VEC_ISA_OK=0 compiles scalar kernels instead).
+            env=MappingProxyType({"TORCHINDUCTOR_VEC_ISA_OK": "1"}),
             # A cpu "core" in the pool is a slot for one rank, not a physical CPU.
             count_expr="__import__('os').cpu_count() or 1",
             max_pool=64,

@@ -502,7 +502,8 @@ def main(argv=None):
     SPEC["out"] = args.out  # train.py puts the Trainer's output_dir beside it; run.py does not read it
     if os.environ.get("NEURON_SUPPORT_HARNESS"):  # started by the harness: end with it
         end_with_parent()
-    for key, value in SPEC["device"]["env"].items():
+    one_rank = SPEC["device"]["unsharded_env"] if SPEC["world_size"] == 1 else {}
+    for key, value in {**SPEC["device"]["env"], **one_rank}.items():
         os.environ.setdefault(key, value)  # before torch is imported
     result = launch_ranks(args.out) if SPEC["world_size"] > 1 else run_and_write(args.out)
     verdict = "ok" if result["ok"] else f"failed at {result['stage']}: {result['error_type']}: {result['error']}"

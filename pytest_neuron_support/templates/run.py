@@ -124,11 +124,17 @@ def run():
         "fallback_ops": ops,
         **({"fallback_ops_unavailable": unknown} if unknown else {}),
         "libraries": FACTS["libraries"],
-        # What this process was pinned to, and whether torch autoloaded device backends: evidence
-        # that CPU-side runs stayed off the device and each rank sat on its own core.
+        # What this process was pinned to, whether torch autoloaded device backends, and the device row's
+        # own variables as the run had them: evidence that CPU-side runs stayed off the device, each rank
+        # sat on its own core, and what the compiler was told (a user's own value wins over the row's).
         "environment": {
             name: os.environ.get(name)
-            for name in (SPEC["device"]["core_env_var"] or "", "TORCH_DEVICE_BACKEND_AUTOLOAD")
+            for name in (
+                SPEC["device"]["core_env_var"] or "",
+                "TORCH_DEVICE_BACKEND_AUTOLOAD",
+                *SPEC["device"]["env"],
+                *SPEC["device"]["unsharded_env"],
+            )
             if name
         },
         **facts,
