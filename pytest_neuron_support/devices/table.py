@@ -147,6 +147,11 @@ class DeviceKind:
             value = ",".join(str(i) for i in range(first, first + count))
         return {self.core_env_var: value}
 
+    def env_for(self, ranks: int) -> dict[str, str]:
+        """The table's variables for a process of a run of ``ranks`` ranks: ``env``, and ``unsharded_env``
+        for one rank (run.py applies the same rule to its SPEC, in templates/common.py ``main``)."""
+        return {**self.env, **(self.unsharded_env if ranks <= 1 else {})}
+
     def as_runscript_spec(self) -> dict[str, Any]:
         """The subset run.py needs, embedded verbatim in the rendered script."""
         return {

@@ -106,8 +106,7 @@ class Doctor:
         """A device process's environment: the table's env (and its one-rank env where the process
         holds at most one core; the user's own values win, as in run.py), pinned to ``cores`` (host
         numbering, contiguous), the compile cache directory."""
-        one_rank = self.kind.unsharded_env if len(cores) <= 1 else {}
-        env = {**self.kind.env, **one_rank, **self.environ}
+        env = {**self.kind.env_for(len(cores)), **self.environ}
         if cores:
             env.update(self.kind.pin_cores(cores[0], len(cores)))
         env[self.kind.compile_cache_env] = self.cache_dir
