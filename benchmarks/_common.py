@@ -26,6 +26,12 @@ def zoo_cache() -> Path:
     return cache
 
 
+def children_cpu() -> float:
+    """CPU seconds of this process's reaped children so far (the sessions and everything they ran)."""
+    times = os.times()
+    return times.children_user + times.children_system
+
+
 def catalog(path: Path, entries: list[tuple[str, int]]) -> Path:
     prompt = json.dumps(zoo.TINY_PROMPT)
     lines = [f"judge: {{model: {zoo.JUDGE_REPO}}}", "models:"]

@@ -21,11 +21,10 @@ the figures go to benchmarks/results/suite-cpu.md.
 from __future__ import annotations
 
 import argparse
-import os
 import tempfile
 from pathlib import Path
 
-from _common import catalog, sweep, zoo_cache
+from _common import catalog, children_cpu, sweep, zoo_cache
 
 BACKENDS = ("inductor", "inductor-per-kernel", "aot_eager", "eager")
 #: What a variant changes: its torch.compile backend and the variables its session gets.
@@ -35,12 +34,6 @@ VARIANTS = {
     "aot_eager": ("aot_eager", {}),
     "eager": ("eager", {}),
 }
-
-
-def children_cpu() -> float:
-    """CPU seconds of this process's reaped children so far (the sessions and everything they ran)."""
-    times = os.times()
-    return times.children_user + times.children_system
 
 
 def main() -> int:

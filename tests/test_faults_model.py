@@ -116,6 +116,10 @@ def test_crash_hang_memory_and_compile_faults_are_rows_and_the_sweep_goes_on(
         "--host-memory-gib=16",
         # The crashing model's reference must start (a cached one is not run, and could not be stopped).
         "--reference-cache=none",
+        # Every CPU-side script a fresh interpreter: the recorder and the blocked reference above are a
+        # sitecustomize, which runs as an interpreter starts, and a warm start is a fork of one already
+        # started (tests/test_forkserver.py checks that a stopped warm script and its children end).
+        "--cpu-side-starts=fresh",
     )
     assert_outcomes(result, pytester.path / "out", passed=1, failed=6)
     df = pd.read_parquet(pytester.path / "out" / "data").set_index("model_id")

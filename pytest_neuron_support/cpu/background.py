@@ -31,7 +31,7 @@ class BackgroundRun:
         return self._thread is not None
 
     def _run(self) -> None:
-        self._outcome = self.job.execute(self.spec, self.folder, self.job.cpu_env(), cancel=self._cancel)[1]
+        self._outcome = self.job.execute_on_cpu(self.spec, self.folder, self._cancel)[1]
 
     def outcome(self) -> ProcessOutcome:
         """The finished run: waits for the one started, or runs it now if none was."""

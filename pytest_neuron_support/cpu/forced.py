@@ -125,7 +125,7 @@ def run_cpu_check(job: Job, spec: RunSpec, what: str) -> tuple[Mapping[str, Any]
     """Run a CPU check's run.py ``spec`` in ``job``'s ``cpu-check`` folder: (its result, its seconds, None), or
     (None, its seconds, (result, error)) when it did not finish, the error naming ``what`` and scrubbed of the
     job's secrets. The teacher-forced checks of tokens and of a pipeline's stages both run this way."""
-    _, outcome = job.execute(spec, "cpu-check", job.cpu_env())
+    _, outcome = job.execute_on_cpu(spec, "cpu-check")
     wall_s = round(outcome.wall_s, 3)
     checked = outcome.result
     if checked is None or not checked.get("ok"):

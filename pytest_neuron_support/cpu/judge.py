@@ -79,6 +79,7 @@ def judge(
         env=cpu_env(settings, environ),
         timeout=settings.model_timeout,
         log_path=directory / "log.txt",
+        warm=True,  # judge.py compiles nothing: it may start from the session's warm interpreter
     )
     verdict = outcome.result
     if verdict is None or not verdict.get("ok"):

@@ -68,7 +68,7 @@ def locate(job: Job, device: RunSpec, cpu: RunSpec, options: Mapping[str, Any]) 
         locate={**options, "device_traces": traced["traces"], "noise_dtype": device.dtype, "floor": FLOOR},
     )
     recorded(job, options, CPU_FOLDER)
-    _, outcome = job.execute(on_cpu, CPU_FOLDER, job.cpu_env())
+    _, outcome = job.execute_on_cpu(on_cpu, CPU_FOLDER)
     scored = outcome.result
     if scored is None or not scored.get("ok"):
         return Located(None, f"not searched: the CPU rerun failed: {_failure(job, outcome, 'the CPU rerun')}")

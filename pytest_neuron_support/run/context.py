@@ -80,8 +80,11 @@ class Job:
         folder: str,
         env: Mapping[str, str],
         cancel: threading.Event | None = None,
+        *,
+        warm: bool = False,
     ) -> tuple[str, ProcessOutcome]:
-        """Render ``spec`` into ``workdir/folder`` and run it isolated there: (its source, how it ended)."""
+        """Render ``spec`` into ``workdir/folder`` and run it isolated there: (its source, how it ended).
+        ``warm``: it may start from a warm interpreter (``execution.run_script``)."""
         return render_and_run(
             spec,
             self.workdir / folder,
@@ -89,7 +92,16 @@ class Job:
             timeout=timeout_of(self.model, self.settings),
             memory_limit=self.settings.host_memory_limit,
             cancel=cancel,
+            warm=warm,
         )
+
+    def execute_on_cpu(
+        self, spec: RunSpec | TrainSpec, folder: str, cancel: threading.Event | None = None
+    ) -> tuple[str, ProcessOutcome]:
+        """:meth:`execute` on the CPU side (:func:`cpu_env`). A script that compiles nothing (a reference,
+        a check) starts from the session's warm interpreter where there is one (``run.forkserver``);
+        one that compiles (training's CPU side with ``torch_compile``) is always a fresh process."""
+        return self.execute(spec, folder, self.cpu_env(), cancel, warm=not spec.compile)
 
 
 def session_env(settings: Settings, environ: Mapping[str, str]) -> dict[str, str]:

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_neuron_support.base.redaction import scrub_files
+from pytest_neuron_support.run import forkserver
 
 _STAGE_MARKER = re.compile(r"^\[neuron-support\] stage=(\w+)$", re.MULTILINE)
 
@@ -121,7 +122,9 @@ def group_alive(pgid: int) -> bool:
     return True
 
 
-def _wait(proc: subprocess.Popen[bytes], timeout: float, cancel: threading.Event | None) -> int:
+def _wait(
+    proc: subprocess.Popen[bytes] | forkserver.WarmProcess, timeout: float, cancel: threading.Event | None
+) -> int:
     """``proc.wait(timeout)``, also giving up (TimeoutExpired) as soon as ``cancel`` is set."""
     if cancel is None:
         return proc.wait(timeout=timeout)
@@ -134,6 +137,12 @@ def _wait(proc: subprocess.Popen[bytes], timeout: float, cancel: threading.Event
                 raise
 
 
+def harness_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The environment :func:`run_script` gives a script: ``env``, and the variable that has run.py ask
+    the kernel to end it (and its ranks) with the process that started it."""
+    return {**env, "NEURON_SUPPORT_HARNESS": "1"}
+
+
 def run_script(
     script: Path,
     out: Path,
@@ -144,30 +153,37 @@ def run_script(
     python: str = sys.executable,
     memory_limit: int | None = None,
     cancel: threading.Event | None = None,
+    warm: bool = False,
 ) -> ProcessOutcome:
     """Run ``python script --out out`` in a new session and wait at most ``timeout`` seconds.
 
     ``memory_limit`` caps the child's address space (bytes): a model that would exhaust the
     host fails alone, with a MemoryError row, instead of inviting the kernel's OOM killer.
     Setting ``cancel`` (from another thread) kills the process group early, like a timeout
-    that is not the script's fault (``timed_out`` stays False).
+    that is not the script's fault (``timed_out`` stays False). ``warm``: a script that compiles
+    nothing may start as a fork of a warm interpreter (``run.forkserver``, where the session turned
+    it on), the same process in every way a run's outcome reads.
     """
     limit = None if memory_limit is None else _address_space_limit(memory_limit)
     with contextlib.suppress(FileNotFoundError):
         out.unlink()
+    env = harness_env(env)
     start = time.monotonic()
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [python, str(script), "--out", str(out)],
-            cwd=str(script.parent),
-            # run.py then asks the kernel to end it (and its ranks) with this process.
-            env={**env, "NEURON_SUPPORT_HARNESS": "1"},
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # its own process group: killable as a whole
-            preexec_fn=limit,
-        )
+        proc: subprocess.Popen[bytes] | forkserver.WarmProcess | None = None
+        if warm:
+            proc = forkserver.spawn(python, env, script, out, log_path, memory_limit)
+        if proc is None:
+            proc = subprocess.Popen(
+                [python, str(script), "--out", str(out)],
+                cwd=str(script.parent),
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own process group: killable as a whole
+                preexec_fn=limit,
+            )
         timed_out = False
         try:
             returncode = _wait(proc, timeout, cancel)

@@ -353,9 +353,11 @@ def render_and_run(
     python: str | None = None,
     memory_limit: int | None = None,
     cancel: threading.Event | None = None,
+    warm: bool = False,
 ) -> tuple[str, ProcessOutcome]:
     """Write ``spec``'s run.py (a TrainSpec's train.py) into ``directory`` and run it isolated there
-    (result.json, log.txt beside it); returns the source that ran and how its process ended."""
+    (result.json, log.txt beside it); returns the source that ran and how its process ended (``warm``:
+    ``execution.run_script``'s)."""
     from pytest_neuron_support.run.execution import run_script
 
     directory.mkdir(parents=True, exist_ok=True)
@@ -372,5 +374,6 @@ def render_and_run(
         python=python or sys.executable,
         memory_limit=memory_limit,
         cancel=cancel,
+        warm=warm,
     )
     return source, outcome

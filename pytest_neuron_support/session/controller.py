@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from pytest_neuron_support.catalog.load import Catalog, CatalogError, load_catal
 from pytest_neuron_support.checks.registry import model_id_of
 from pytest_neuron_support.data.dataset import check_writable, read_dataset, recover_parts
 from pytest_neuron_support.planning.planner import Plan
+from pytest_neuron_support.run import forkserver
 from pytest_neuron_support.run.caches import clean_compile_cache
 from pytest_neuron_support.run.execution import end_with_parent
 from pytest_neuron_support.run.settings import Resolved
@@ -81,6 +83,12 @@ def configure(config: pytest.Config) -> None:
     config.stash[catalog_key] = merge_models(catalog.models, options.extra_models)
     options = with_judge(options, catalog)
     config.stash[options_key] = options
+    runs_checks = _is_worker(config) or config.getoption("dist", "no") == "no"
+    if runs_checks and options.cpu_side_starts == "warm" and sys.platform == "linux":
+        # This process runs the checks: their CPU-side scripts may start from a warm interpreter. Linux
+        # only: macOS's system libraries are not safe to use in a fork of a process that loaded them.
+        forkserver.enable()
+        config.add_cleanup(forkserver.disable)
     if _is_worker(config):
         # A worker ends with its controller: its run.py (and that run's ranks) then end with it.
         end_with_parent()

@@ -67,6 +67,8 @@ class Options:
     cpu_threads: int | None = None
     #: ``--check``: the checks every entry gets this run (None: each entry's own ``checks:``).
     checks: tuple[str, ...] | None = None
+    #: ``--cpu-side-starts``: ``warm`` (CPU-side scripts fork a warm interpreter, on Linux) or ``fresh``.
+    cpu_side_starts: str = "warm"
 
 
 #: The plugin's options that take a value (filled by :func:`add_options`).
@@ -249,6 +251,14 @@ def add_options(parser: pytest.Parser) -> None:
         help="CPU threads (OMP_NUM_THREADS) of every process run for a model; auto (default): the usable CPUs "
         "shared among the workers' concurrent runs (a device run beside its CPU reference), at least 1, or "
         "OMP_NUM_THREADS where the environment sets it",
+    )
+    group.addoption(
+        "--cpu-side-starts",
+        default="warm",
+        choices=("warm", "fresh"),
+        help="warm (default, on Linux): the CPU side's scripts that compile nothing (reference, CPU check, "
+        "judge) start as forks of one interpreter that imported torch and transformers once; fresh: each is "
+        "a new python process, as device runs always are",
     )
     group.addoption(
         "--parity",

@@ -1,0 +1,275 @@
+"""The warm interpreter of the CPU side (run.forkserver) against real processes: a script started from it
+is the process a fresh ``python run.py`` would be, ends as one would, and never outlives the harness."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pytest_neuron_support.run import forkserver
+from pytest_neuron_support.run.execution import ProcessOutcome, harness_env, run_script
+from tests.test_execution import wait_gone
+
+#: What a script tells of itself: everything a run's outcome could depend on, beside its parent.
+SELF_REPORT = """
+import json, os, sys
+report = {
+    "argv": sys.argv, "file": __file__, "name": __name__, "cwd": os.getcwd(), "path0": sys.path[0],
+    "environ": dict(os.environ), "stdin": sys.stdin.read(), "ppid": os.getppid(),
+    "own_group": os.getpgid(0) == os.getpid(), "own_session": os.getsid(0) == os.getpid(),
+}
+json.dump(report, open(sys.argv[2], "w"))
+print("said on stdout")
+print("said on stderr", file=sys.stderr)
+"""
+
+
+LATE_THREAD = """
+import threading, time
+threading.Thread(target=lambda: (time.sleep(0.5), print("late thread"))).start()
+"""
+
+
+def write(folder: Path, body: str) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "run.py"
+    path.write_text(textwrap.dedent(body), encoding="utf-8")
+    return path
+
+
+def run(script: Path, env: dict[str, str], *, warm: bool = True, timeout: float = 60, **kw: object) -> ProcessOutcome:
+    out, log = script.parent / "result.json", script.parent / "log.txt"
+    return run_script(script, out, env=env, timeout=timeout, log_path=log, warm=warm, **kw)  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def warm_env() -> Iterator[dict[str, str]]:
+    """An environment of its own (so no other test's server serves it) with this process's server for
+    it started and ready."""
+    env = {**os.environ, "NEURON_SUPPORT_FORKSERVER_TEST": uuid.uuid4().hex}
+    forkserver.enable()
+    server = forkserver.server_for(sys.executable, harness_env(env))
+    assert server is not None and server.wait_ready(300), "the warm interpreter did not start"
+    yield env
+    forkserver.disable()
+
+
+def server_pid(env: dict[str, str]) -> int | None:
+    server = forkserver.server_for(sys.executable, harness_env(env))
+    return None if server is None else server.pid
+
+
+def test_a_warm_script_is_the_process_a_fresh_one_would_be(warm_env: dict[str, str], tmp_path: Path) -> None:
+    warm = run(write(tmp_path / "warm", SELF_REPORT), warm_env)
+    fresh = run(write(tmp_path / "fresh", SELF_REPORT), warm_env, warm=False)
+    assert warm.returncode == fresh.returncode == 0
+    assert warm.result is not None and fresh.result is not None
+    # The warm one is a fork of the server; the fresh one a child of this process.
+    assert warm.result["ppid"] == server_pid(warm_env) and fresh.result["ppid"] == os.getpid()
+    mine, theirs = dict(warm.result), dict(fresh.result)
+    for report, folder in ((mine, "warm"), (theirs, "fresh")):
+        report.pop("ppid")
+        text = json.dumps(report).replace(str(tmp_path / folder), "<folder>")
+        report.clear()
+        report.update(json.loads(text))
+    assert mine == theirs
+    assert mine["name"] == "__main__" and mine["own_group"] and mine["own_session"] and mine["stdin"] == ""
+    assert mine["environ"]["NEURON_SUPPORT_HARNESS"] == "1"
+    log = warm.log_path.read_text()
+    assert "said on stdout" in log and "said on stderr" in log
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "in_log"),
+    [
+        ("import sys; sys.exit(3)", 3, None),
+        ("import sys; sys.exit('it went wrong')", 1, "it went wrong"),
+        ("raise ValueError('a planted bug')", 1, "ValueError: a planted bug"),
+        ("import os, signal; print('before', flush=True); os.kill(os.getpid(), signal.SIGKILL)", -9, "before"),
+        (LATE_THREAD, 0, "late thread"),
+        ("import atexit; atexit.register(lambda: print('at exit'))", 0, "at exit"),
+    ],
+    ids=["exit-code", "exit-message", "exception", "killed", "thread-joined", "atexit"],
+)
+def test_a_warm_script_ends_as_a_fresh_one(
+    warm_env: dict[str, str], tmp_path: Path, body: str, status: int, in_log: str | None
+) -> None:
+    warm = run(write(tmp_path / "warm", body), warm_env)
+    fresh = run(write(tmp_path / "fresh", body), warm_env, warm=False)
+    assert warm.returncode == fresh.returncode == status
+    if in_log is not None:
+        assert in_log in warm.log_path.read_text() and in_log in fresh.log_path.read_text()
+
+
+def test_a_timeout_kills_a_warm_script_and_what_it_started(warm_env: dict[str, str], tmp_path: Path) -> None:
+    pidfile = tmp_path / "child.pid"
+    body = f"""
+    import subprocess, sys, time
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+    open({str(pidfile)!r}, "w").write(str(child.pid))
+    time.sleep(300)
+    """
+    started = time.monotonic()
+    outcome = run(write(tmp_path / "warm", body), warm_env, timeout=8)
+    assert outcome.timed_out and outcome.returncode < 0
+    assert time.monotonic() - started < 30
+    assert wait_gone(int(pidfile.read_text()))
+
+
+def test_a_cancelled_warm_script_stops_at_once(warm_env: dict[str, str], tmp_path: Path) -> None:
+    cancel = threading.Event()
+    threading.Timer(1.0, cancel.set).start()
+    started = time.monotonic()
+    outcome = run(write(tmp_path / "warm", "import time; time.sleep(300)"), warm_env, timeout=120, cancel=cancel)
+    assert not outcome.timed_out and outcome.returncode < 0
+    assert time.monotonic() - started < 30
+
+
+def test_a_warm_script_gets_the_address_space_cap(warm_env: dict[str, str], tmp_path: Path) -> None:
+    body = "import resource, sys; print(resource.getrlimit(resource.RLIMIT_AS)[0]); sys.exit(0)"
+    cap = 64 * 2**30
+    outcome = run(write(tmp_path / "warm", body), warm_env, memory_limit=cap)
+    assert outcome.returncode == 0 and str(cap) in outcome.log_path.read_text()
+
+
+def test_a_run_of_another_environment_is_never_served_by_this_one(warm_env: dict[str, str], tmp_path: Path) -> None:
+    """The guard that keeps what the libraries read at import right: a server serves its own environment
+    only. Planted: a run whose environment differs in one variable gets its own value, never the server's."""
+    other = {**warm_env, "NEURON_SUPPORT_FORKSERVER_TEST": "another"}
+    outcome = run(write(tmp_path / "other", SELF_REPORT), other)
+    assert outcome.result is not None
+    assert outcome.result["environ"]["NEURON_SUPPORT_FORKSERVER_TEST"] == "another"
+    assert outcome.result["ppid"] != server_pid(warm_env)
+
+
+def test_a_variable_that_names_the_current_test_does_not_keep_a_run_from_the_server(
+    warm_env: dict[str, str], tmp_path: Path
+) -> None:
+    """pytest names the test it runs in PYTEST_CURRENT_TEST, which every check's processes inherit: a
+    server keyed by it would serve no second check (the first main job measured with warm starts started
+    every reference fresh). The script still gets its own value."""
+    mine = {**warm_env, "PYTEST_CURRENT_TEST": "models.yaml::test_model[another] (call)"}
+    outcome = run(write(tmp_path / "other-test", SELF_REPORT), mine)
+    assert outcome.result is not None and outcome.result["ppid"] == server_pid(warm_env)
+    assert outcome.result["environ"]["PYTEST_CURRENT_TEST"] == mine["PYTEST_CURRENT_TEST"]
+
+
+def test_with_servers_off_every_script_is_fresh(
+    warm_env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(forkserver, "_enabled", False)  # as outside a session: its servers stay as they are
+    outcome = run(write(tmp_path / "off", SELF_REPORT), warm_env)
+    assert outcome.result is not None and outcome.result["ppid"] == os.getpid()
+
+
+def test_a_server_never_forks_beside_a_thread(tmp_path: Path) -> None:
+    """A fork copies only the forking thread: a lock another thread held stays held in the child forever.
+    Planted: with a second thread alive, the server answers no request (the harness then runs fresh)."""
+    import socket
+
+    stop = threading.Event()
+    thread = threading.Thread(target=stop.wait)
+    thread.start()
+    ours, theirs = socket.socketpair()
+    try:
+        ours.sendall(json.dumps({"script": str(tmp_path / "run.py"), "out": "x", "log": "y"}).encode() + b"\n")
+        assert forkserver._fork_for(theirs, []) is None
+    finally:
+        stop.set()
+        thread.join()
+        ours.close()
+        theirs.close()
+
+
+def test_the_server_and_its_scripts_end_with_the_process_that_started_them(tmp_path: Path) -> None:
+    """A harness killed outright (SIGKILL: nothing of it runs after) leaves nothing behind: its server sees
+    its stdin close and ends, and each script started from it ends with it (run.py asks the kernel)."""
+    pids = tmp_path / "pids.json"
+    script = write(
+        tmp_path / "run",
+        """
+        import ctypes, signal, time
+        ctypes.CDLL(None).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # as run.py does under the harness
+        time.sleep(300)
+        """,
+    )
+    harness = f"""
+    import json, os, sys, threading, time
+    from pathlib import Path
+    from pytest_neuron_support.run import forkserver
+    from pytest_neuron_support.run.execution import harness_env, run_script
+    forkserver.enable()
+    env = dict(os.environ)
+    server = forkserver.server_for(sys.executable, harness_env(env))
+    assert server.wait_ready(300)
+    script = Path({str(script)!r})
+    threading.Thread(target=run_script, args=(script, script.parent / "result.json"),
+                     kwargs=dict(env=env, timeout=600, log_path=script.parent / "log.txt", warm=True)).start()
+    import psutil
+    while not (children := psutil.Process(server.pid).children()):
+        time.sleep(0.05)
+    Path({str(pids)!r}).write_text(json.dumps({{"server": server.pid, "script": children[0].pid}}))
+    time.sleep(300)
+    """
+    process = subprocess.Popen([sys.executable, "-c", textwrap.dedent(harness)], cwd=str(Path(__file__).parents[1]))
+    try:
+        deadline = time.monotonic() + 300
+        while not pids.exists() and time.monotonic() < deadline and process.poll() is None:
+            time.sleep(0.1)
+        assert pids.exists(), "the harness did not start its script from a warm interpreter"
+        started = json.loads(pids.read_text())
+        process.kill()
+        process.wait()
+        assert wait_gone(started["server"]) and wait_gone(started["script"])
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+#: Each process of a session writes whether its CPU-side scripts start warm, once it is configured.
+REPORTING_CONFTEST = """
+import json, os
+import pytest
+from pytest_neuron_support.run import forkserver
+
+@pytest.hookimpl(trylast=True)
+def pytest_configure(config):
+    workerinput = getattr(config, "workerinput", None)  # the environment's worker id is the outer run's
+    name = workerinput["workerid"] if workerinput else "controller"
+    with open(os.path.join(os.environ["WARM_REPORT_DIR"], name), "w") as f:
+        json.dump(forkserver._enabled, f)
+"""
+
+
+@pytest.mark.parametrize(("option", "workers"), [((), "warm"), (("--cpu-side-starts=fresh",), "fresh")])
+def test_the_processes_that_run_checks_start_their_cpu_side_warm_unless_asked_not_to(
+    pytester: pytest.Pytester, offline_hub: Path, monkeypatch: pytest.MonkeyPatch, option: tuple[str, ...], workers: str
+) -> None:
+    """The xdist controller runs no check: only its workers (or a session's one process) get servers."""
+    reports = pytester.mkdir("reports")
+    monkeypatch.setenv("WARM_REPORT_DIR", str(reports))
+    pytester.makeconftest(REPORTING_CONFTEST)
+    pytester.makefile(".yaml", models="models:\n  - id: tiny-random/qwen3\n    task: text-generation\n")
+    for args in (("-n", "2"), ("-p", "no:xdist")):
+        for report in reports.iterdir():
+            report.unlink()
+        # Every process configures, none runs a model (xdist starts no worker for --collect-only).
+        result = pytester.runpytest_subprocess("--device=cpu", "-k", "no-such-model", "-q", *args, *option)
+        assert result.ret == pytest.ExitCode.NO_TESTS_COLLECTED, result.stdout.str()
+        enabled = {report.name: json.loads(report.read_text()) for report in reports.iterdir()}
+        expected = workers == "warm"
+        if args[0] == "-n":
+            assert enabled == {"controller": False, "gw0": expected, "gw1": expected}
+        else:
+            assert enabled == {"controller": expected}
