@@ -40,6 +40,15 @@ threading.Thread(target=lambda: (time.sleep(0.5), print("late thread"))).start()
 """
 
 
+#: An idle executor kept in a module global: the interpreter's thread shutdown stops its worker (a
+#: join of every thread alone would wait for it forever, found in review).
+KEPT_EXECUTOR = """
+from concurrent.futures import ThreadPoolExecutor
+POOL = ThreadPoolExecutor(1)
+POOL.submit(print, "submitted").result()
+"""
+
+
 def write(folder: Path, body: str) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "run.py"
@@ -98,8 +107,9 @@ def test_a_warm_script_is_the_process_a_fresh_one_would_be(warm_env: dict[str, s
         ("import os, signal; print('before', flush=True); os.kill(os.getpid(), signal.SIGKILL)", -9, "before"),
         (LATE_THREAD, 0, "late thread"),
         ("import atexit; atexit.register(lambda: print('at exit'))", 0, "at exit"),
+        (KEPT_EXECUTOR, 0, "submitted"),
     ],
-    ids=["exit-code", "exit-message", "exception", "killed", "thread-joined", "atexit"],
+    ids=["exit-code", "exit-message", "exception", "killed", "thread-joined", "atexit", "kept-executor"],
 )
 def test_a_warm_script_ends_as_a_fresh_one(
     warm_env: dict[str, str], tmp_path: Path, body: str, status: int, in_log: str | None

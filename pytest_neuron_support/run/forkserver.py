@@ -93,15 +93,18 @@ def _exit_code(code: Any) -> int:
     return 1
 
 
-def _child(request: Mapping[str, Any], inherited: list[Any]) -> None:
+def _child(request: Mapping[str, Any], inherited: list[Any], started: int) -> None:
     """In the forked process: become ``python script --out out`` and never return (``inherited``: the
-    server's sockets and selector, closed first)."""
+    server's sockets and selector, closed first; ``started``: written once the child leads its own
+    process group)."""
     code = 1
     try:
         for each in inherited:
             each.close()
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         os.setsid()
+        os.write(started, b"s")  # the server answers with the pid only now: a kill of the group finds it
+        os.close(started)
         if request.get("memory_limit") is not None:
             import resource
 
@@ -128,6 +131,8 @@ def _child(request: Mapping[str, Any], inherited: list[Any]) -> None:
         random.seed()
         if "numpy" in sys.modules:
             sys.modules["numpy"].random.seed()
+        if "torch" in sys.modules:
+            sys.modules["torch"].seed()
         import runpy
 
         try:
@@ -140,11 +145,11 @@ def _child(request: Mapping[str, Any], inherited: list[Any]) -> None:
 
             traceback.print_exc()
             code = 1
-        # What the interpreter does at its end: wait for the script's own threads, run its atexit
-        # functions, flush what it printed.
-        for thread in threading.enumerate():
-            if thread is not threading.main_thread() and not thread.daemon:
-                thread.join()
+        # What the interpreter does at its end: its thread shutdown (the hooks registered with it first,
+        # such as concurrent.futures' that stops idle executor workers, then the join of every
+        # non-daemon thread: joining them alone would wait forever on a kept executor), then the atexit
+        # functions; the finally below flushes what it printed.
+        threading._shutdown()  # type: ignore[attr-defined]
         import atexit
 
         atexit._run_exitfuncs()
@@ -214,12 +219,17 @@ def _fork_for(connection: socket.socket, inherited: list[Any]) -> int | None:
         return None
     sys.stdout.flush()
     sys.stderr.flush()
+    read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:
-        _child(request, [*inherited, connection])
+        os.close(read_end)
+        _child(request, [*inherited, connection], write_end)
+    os.close(write_end)
+    os.read(read_end, 1)  # its setsid() done (or the child already gone: an empty read)
+    os.close(read_end)
     try:
         connection.sendall(f"{pid}\n".encode())
-    except OSError:
+    except OSError:  # the harness gave up on the answer and runs the script fresh: this one must not run
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGKILL)
     return pid
@@ -275,6 +285,7 @@ class ForkServer:
         self._process: subprocess.Popen[bytes] | None = None
         self._said = b""
         self._ready = False
+        self._failed = False
         self._lock = threading.Lock()
 
     def start(self) -> None:
@@ -311,10 +322,15 @@ class ForkServer:
             return self._ready
 
     def wait_ready(self, timeout: float) -> bool:
-        """:meth:`ready`, waiting at most ``timeout`` seconds for it."""
+        """:meth:`ready`, waiting at most ``timeout`` seconds for it. A server that does not get ready in
+        time is given up for good: later runs do not wait for it again, they run fresh."""
         deadline = time.monotonic() + timeout
         while not self.ready():
-            if time.monotonic() >= deadline or self._process is None or self._process.poll() is not None:
+            process = self._process
+            if self._failed or process is None or process.poll() is not None:
+                return False
+            if time.monotonic() >= deadline:
+                self._failed = True
                 return False
             time.sleep(0.05)
         return True
@@ -334,10 +350,10 @@ class ForkServer:
             k: v for k, v in self.env.items() if k not in PER_RUN
         }:
             return None
-        request = {
-            "script": str(script),
-            "out": str(out),
-            "log": str(log_path),
+        request = {  # absolute: the server's working directory is its own
+            "script": str(script.absolute()),
+            "out": str(out.absolute()),
+            "log": str(log_path.absolute()),
             "memory_limit": memory_limit,
             "env": dict(env),
         }
@@ -358,7 +374,8 @@ class ForkServer:
             return None
 
     def close(self) -> None:
-        process, self._process = self._process, None
+        with self._lock:  # never while ready() reads its output
+            process, self._process = self._process, None
         if process is not None:
             with contextlib.suppress(OSError):
                 process.stdin.close()  # type: ignore[union-attr]
