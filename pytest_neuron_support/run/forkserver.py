@@ -80,6 +80,11 @@ _READY = "ready"
 PER_RUN = frozenset({"PYTEST_CURRENT_TEST"})
 
 
+def read_at_import(env: Mapping[str, str]) -> frozenset[tuple[str, str]]:
+    """What of ``env`` a server must share with a run it serves: all of it but :data:`PER_RUN`."""
+    return frozenset((k, v) for k, v in env.items() if k not in PER_RUN)
+
+
 # --- The server ---------------------------------------------------------------------------------
 
 
@@ -346,9 +351,7 @@ class ForkServer:
         if the server cannot."""
         if not self.wait_ready(READY_WAIT_S):
             return None
-        if {k: v for k, v in env.items() if k not in PER_RUN} != {
-            k: v for k, v in self.env.items() if k not in PER_RUN
-        }:
+        if read_at_import(env) != read_at_import(self.env):
             return None
         request = {  # absolute: the server's working directory is its own
             "script": str(script.absolute()),
@@ -419,7 +422,7 @@ def disable() -> None:
 def server_for(python: str, env: Mapping[str, str]) -> ForkServer | None:
     """This process's server for ``python`` and ``env`` (but :data:`PER_RUN`), started by the first call
     that asks for it; None while servers are off or :data:`MAX_SERVERS` serve other environments."""
-    key = (python, frozenset((k, v) for k, v in env.items() if k not in PER_RUN))
+    key = (python, read_at_import(env))
     with _registry_lock:
         if not _enabled:
             return None
