@@ -1,19 +1,21 @@
-"""What the CPU side's warm starts save a sweep, side by side in one run: ``--cpu-side-starts=warm`` against
-``fresh``.
+"""What the warm starts save a sweep, side by side in one run: ``--cpu-side-starts=warm`` against ``fresh``.
 
 With ``warm`` (the default, on Linux) each xdist worker imports torch and transformers once, in a server
-(``run/forkserver.py``), and starts every CPU-side script that compiles nothing (the reference, the
-teacher-forced check, the judge) as a fork of it; with ``fresh`` each is a new ``python`` process. The same
-sweep of tiny-zoo generation models runs once each way, ``-n 2``, with the eager backend (so the device
-runs cost the same both ways and the difference is the CPU side's) and no reference cache (every
-reference runs). Prints each session's wall seconds and the CPU seconds of it and its children, whether
-both gave the same rows (result and tokens), then warm's CPU and wall over fresh's.
+(``run/forkserver.py``), and starts every CPU-side script (the reference, the teacher-forced check, the
+judge) as a fork of it, and every one-rank device run on the cpu device as a fork of a second server
+(whose environment holds the device table's inductor variables, and which imports what a first compile
+imports); with ``fresh`` each is a new ``python`` process. The same sweep of tiny-zoo generation models
+runs once each way, ``-n 2``, with the cpu row's own backend (inductor; ``--compile-backend=eager`` to
+leave the compiler out), each with an inductor cache of its own that starts empty (both compile cold, as
+on a fresh CI machine), and no reference cache (every reference runs). Prints each session's wall seconds
+and the CPU seconds of it and its children, whether both gave the same rows (result and tokens), then
+warm's CPU and wall over fresh's.
 
-What it answers: how much of the CPU side's cost is starting Python, that is, what the warm starts give
-the main job's 9-minute and ``.ci/run``'s 20-minute targets. The figures go to
+What it answers: how much of a sweep's cost is starting Python, that is, what the warm starts give the
+main job's 9-minute and ``.ci/run``'s 20-minute targets. The figures go to
 benchmarks/results/ci-timings.md.
 
-    python benchmarks/warm_starts.py [--models qwen3,llama,smollm3,qwen2,mistral]
+    python benchmarks/warm_starts.py [--models qwen3,llama,smollm3,qwen2,mistral] [--compile-backend eager]
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ def main() -> int:
         default="qwen3,llama,smollm3,qwen2,mistral",
         help="tiny-zoo generation architectures (mistral runs on 2 cores: its check and judge are CPU-side)",
     )
+    parser.add_argument("--compile-backend", default="inductor", help="the cpu row's backend, or eager")
     args = parser.parse_args()
     entries = [(f"tiny-random/{name}", 2 if name == "mistral" else 1) for name in args.models.split(",")]
     zoo_cache()  # built (or checked) before the clock: its builders are children too
@@ -51,8 +54,9 @@ def main() -> int:
                 "2",
                 "--neuron-cores=2",
                 "--reference-cache=none",
-                "--compile-backend=eager",
+                f"--compile-backend={args.compile_backend}",
                 f"--cpu-side-starts={starts}",
+                env={"TORCHINDUCTOR_CACHE_DIR": str(Path(tmp) / f"inductor-{starts}")},
             )
             cpu = children_cpu() - before
             rows[starts] = {row.model_id: (row.result, list(row.tokens)) for row in df.itertuples()}

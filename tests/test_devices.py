@@ -188,3 +188,23 @@ def test_a_neuron_run_gets_its_compilers_own_cache_folder_and_a_cpu_run_the_base
     neuron = device_run_env(settings("neuron", "2.16.0.0+1a2b3c4d"), {}, {"NEURON_RT_VISIBLE_CORES": "4"})
     assert neuron["TORCH_NEURONX_NEFF_CACHE_DIR"] == "/base/neuronxcc-2.16.0.0+1a2b3c4d"
     assert device_run_env(settings("cpu", "none"), {}, {})["TORCHINDUCTOR_CACHE_DIR"] == "/base"
+
+
+def test_a_device_run_starts_with_the_tables_variables_under_the_callers_own() -> None:
+    """A warm device run's server imported inductor with the run's environment: the table's variables must be in it
+    from the start (run.py's own setdefault of them comes after that import), and a user's value still wins."""
+    from pytest_neuron_support.run.context import device_run_env
+
+    cpu = settings_on("cpu")
+    one = device_run_env(cpu, {"HOME": "/h"}, {}, 1)
+    assert one["TORCHINDUCTOR_CPP_WRAPPER"] == "1" and one["TORCHINDUCTOR_VEC_ISA_OK"] == "1"
+    sharded = device_run_env(cpu, {"HOME": "/h"}, {}, 4)
+    assert "TORCHINDUCTOR_CPP_WRAPPER" not in sharded and sharded["TORCHINDUCTOR_VEC_ISA_OK"] == "1"
+    assert device_run_env(cpu, {"TORCHINDUCTOR_CPP_WRAPPER": "0"}, {}, 1)["TORCHINDUCTOR_CPP_WRAPPER"] == "0"
+    neuron = device_run_env(settings_on("neuron"), {}, {"NEURON_RT_VISIBLE_CORES": "4"}, 1)
+    assert neuron["TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION"] == "1"
+
+
+def test_only_the_cpu_row_starts_device_runs_warm() -> None:
+    # neuron: import torch loads torch-neuronx, whose runtime a fork cannot share; cuda: not proven on a GPU.
+    assert {name for name, kind in DEVICES.items() if kind.warm_runs} == {"cpu"}

@@ -109,6 +109,8 @@ def test_a_users_own_tests_lease_cores_check_a_tiny_model_and_get_rows_under_xdi
         "--results-dir=out",
         "--judge-model=tiny-random/judge",
         "--model-timeout=900",
+        # The recorder sees a process as its interpreter starts: a warm start (the cpu device's one-rank run) forks one.
+        "--cpu-side-starts=fresh",
         "-rs",
     )
     result.assert_outcomes(passed=2, failed=1, skipped=1)

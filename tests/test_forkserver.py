@@ -203,7 +203,8 @@ def test_a_server_never_forks_beside_a_thread(tmp_path: Path) -> None:
 
 def test_the_server_and_its_scripts_end_with_the_process_that_started_them(tmp_path: Path) -> None:
     """A harness killed outright (SIGKILL: nothing of it runs after) leaves nothing behind: its server sees
-    its stdin close and ends, and each script started from it ends with it (run.py asks the kernel)."""
+    its stdin close and ends, removing its socket's folder, and each script started from it ends with it
+    (run.py asks the kernel)."""
     pids = tmp_path / "pids.json"
     script = write(
         tmp_path / "run",
@@ -228,7 +229,8 @@ def test_the_server_and_its_scripts_end_with_the_process_that_started_them(tmp_p
     import psutil
     while not (children := psutil.Process(server.pid).children()):
         time.sleep(0.05)
-    Path({str(pids)!r}).write_text(json.dumps({{"server": server.pid, "script": children[0].pid}}))
+    Path({str(pids)!r}).write_text(json.dumps({{"server": server.pid, "script": children[0].pid,
+                                                 "socket": server.address}}))
     time.sleep(300)
     """
     process = subprocess.Popen([sys.executable, "-c", textwrap.dedent(harness)], cwd=str(Path(__file__).parents[1]))
@@ -241,6 +243,8 @@ def test_the_server_and_its_scripts_end_with_the_process_that_started_them(tmp_p
         process.kill()
         process.wait()
         assert wait_gone(started["server"]) and wait_gone(started["script"])
+        # Nor its socket or folder: the server removes them as it ends (its harness never could).
+        assert not Path(started["socket"]).parent.exists()
     finally:
         if process.poll() is None:
             process.kill()
@@ -283,3 +287,85 @@ def test_the_processes_that_run_checks_start_their_cpu_side_warm_unless_asked_no
             assert enabled == {"controller": False, "gw0": expected, "gw1": expected}
         else:
             assert enabled == {"controller": expected}
+
+
+#: What a compiling script sees of inductor's settings as it starts: read when inductor's config was imported.
+INDUCTOR_SETTINGS = """
+import json, sys
+started_with = sorted(m for m in ("torch._inductor.compile_fx", "sympy.physics.units") if m in sys.modules)
+import torch._inductor.config as config
+json.dump({"cpp_wrapper": config.cpp_wrapper, "started_with": started_with}, open(sys.argv[2], "w"))
+"""
+
+
+def test_a_warm_device_run_compiles_with_the_settings_its_environment_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server imported inductor's config with its own environment: a device run served by it compiles with the
+    device table's settings only because its environment held them from the start (``device_run_env``). One that
+    set the variable itself, as run.py's ``setdefault`` does, would compile without it: the planted case."""
+    from pytest_neuron_support.run.context import device_run_env
+    from tests.test_devices import settings_on
+
+    base = {**os.environ, "NEURON_SUPPORT_FORKSERVER_TEST": uuid.uuid4().hex}
+    base.pop("TORCHINDUCTOR_CPP_WRAPPER", None)
+    device_env = device_run_env(settings_on("cpu"), base, {}, 1)
+    # A registry of this test's own: the servers other tests of this process keep count against MAX_SERVERS.
+    servers: dict[object, forkserver.ForkServer] = {}
+    monkeypatch.setattr(forkserver, "_servers", servers)
+    monkeypatch.setattr(forkserver, "_enabled", True)
+    try:
+        outcome = run(write(tmp_path / "device", INDUCTOR_SETTINGS), device_env, compiles=True)
+        said = json.loads((tmp_path / "device" / "result.json").read_text())
+        server = forkserver.server_for(sys.executable, harness_env(device_env), compiles=True)
+        assert outcome.returncode == 0 and server is not None and server.ready()
+        # Served warm (a fork of that server, which also imported what a first compile imports) and with the setting.
+        assert said == {"cpp_wrapper": True, "started_with": ["sympy.physics.units", "torch._inductor.compile_fx"]}
+
+        setting_itself = INDUCTOR_SETTINGS.replace(
+            "import torch._inductor",
+            "import os; os.environ.setdefault('TORCHINDUCTOR_CPP_WRAPPER', '1')\nimport torch._inductor",
+        )
+        run(write(tmp_path / "late", setting_itself), base, compiles=True)
+        late = json.loads((tmp_path / "late" / "result.json").read_text())
+        assert late["cpp_wrapper"] is False and late["started_with"], "served warm, the late variable is not read"
+        run(write(tmp_path / "fresh", setting_itself), base, warm=False)
+        assert json.loads((tmp_path / "fresh" / "result.json").read_text())["cpp_wrapper"] is True
+    finally:
+        for server in servers.values():
+            server.close()
+
+
+#: Records which of a session's scripts started warm: each run's folder, whether it compiles, whether a server took it.
+SPAWN_RECORDING_CONFTEST = """
+import json, os
+from pytest_neuron_support.run import forkserver
+
+_spawn = forkserver.spawn
+
+def _recorded(python, env, script, out, log_path, memory_limit, compiles=False):
+    process = _spawn(python, env, script, out, log_path, memory_limit, compiles)
+    with open(os.environ["SPAWN_RECORD"], "a") as f:
+        f.write(json.dumps([script.parent.name, compiles, process is not None]) + "\\n")
+    return process
+
+forkserver.spawn = _recorded
+"""
+
+
+@pytest.mark.slow
+def test_a_cpu_session_starts_its_one_rank_device_runs_warm(
+    pytester: pytest.Pytester, offline_hub: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As README's main job runs: the tiny qwen3 on the cpu device, its device run and its CPU side each started
+    from a server of its own, and the row a PASS."""
+    record = pytester.path / "spawned.jsonl"
+    monkeypatch.setenv("SPAWN_RECORD", str(record))
+    pytester.makeconftest(SPAWN_RECORDING_CONFTEST)
+    pytester.makefile(".yaml", models="models:\n  - id: tiny-random/qwen3\n    task: text-generation\n")
+    result = pytester.runpytest_subprocess(
+        "--device=cpu", "--models-file=models.yaml", "-p", "no:xdist", "--reference-cache=none", "-q"
+    )
+    assert result.ret == 0, result.stdout.str()
+    spawned = {tuple(json.loads(line)) for line in record.read_text().splitlines()}
+    assert ("device", True, True) in spawned and ("reference", False, True) in spawned, spawned

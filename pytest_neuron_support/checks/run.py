@@ -19,7 +19,7 @@ from pytest_neuron_support.checks.rows import planned_row
 from pytest_neuron_support.data.records import Row
 from pytest_neuron_support.data.signatures import compiler_error_code
 from pytest_neuron_support.planning.planner import Plan
-from pytest_neuron_support.run.context import DEVICE_RUN, Job, device_run_env
+from pytest_neuron_support.run.context import DEVICE_RUN, Job
 from pytest_neuron_support.run.execution import failure_of, stage_name
 from pytest_neuron_support.run.fallbacks import capture_fallbacks
 from pytest_neuron_support.run.repro import capture_compile_failure
@@ -58,9 +58,7 @@ def run_check(
     side = kind.start_cpu_side(job, row)
     spec = kind.device_spec(job, post_load)
     try:
-        source, outcome = job.execute(
-            spec, DEVICE_RUN, device_run_env(settings, environ, settings.device.pin_cores(first, count))
-        )
+        source, outcome = job.execute_on_device(spec, DEVICE_RUN, settings.device.pin_cores(first, count))
     except BaseException:
         side.cancel()
         raise

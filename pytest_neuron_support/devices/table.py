@@ -104,6 +104,13 @@ class DeviceKind:
             rank 0 pick a port free now that the runtime binds later (``get_free_port``), so two
             concurrent sharded runs can take the same one; run.py sets it from the lease instead
             (templates/common.py ``root_comm_port``), rank 0 checks and publishes it.
+        warm_runs: a device run of one rank may start as a fork of the session's warm interpreter
+            (``run.forkserver``, as the CPU side's scripts do), torch and transformers already imported:
+            importing them starts nothing of the device (cpu). False where the device's runtime comes
+            with ``import torch`` and cannot be shared through a fork (neuron: torch autoloads
+            torch-neuronx), or where that is not proven (cuda: a CUDA context does not survive a fork, and
+            no GPU machine has shown that the server's imports create none). A sharded run's ranks are
+            fresh processes everywhere (templates/common.py ``spawn_ranks``).
         train_use_cpu: train.py passes ``TrainingArguments(use_cpu=...)``: True on cpu, where Accelerate
             would otherwise refuse ``bf16=True`` without a bf16 GPU (and would pick a GPU if one is
             present); False where the Trainer finds the device itself (neuron: transformers' own
@@ -135,6 +142,7 @@ class DeviceKind:
     runtime_module: str | None = None
     root_comm_env: str | None = None
     host_counted: bool = False
+    warm_runs: bool = False
     train_use_cpu: bool = False
 
     def pin_cores(self, first: int, count: int) -> dict[str, str]:
@@ -245,6 +253,9 @@ DEVICES: Mapping[str, DeviceKind] = MappingProxyType(
             count_expr="__import__('os').cpu_count() or 1",
             max_pool=64,
             host_counted=True,
+            # A one-rank cpu run forks the session's warm interpreter: about 5 CPU-s of imports saved a run
+            # (benchmarks/warm_starts.py).
+            warm_runs=True,
             train_use_cpu=True,
         ),
     }

@@ -71,8 +71,7 @@ class Job:
         if self.relet is None:
             return None
         with self.relet() as (first, count):
-            pinned = self.settings.device.pin_cores(first, count)
-            return self.execute(spec, folder, device_run_env(self.settings, self.environ, pinned))[1]
+            return self.execute_on_device(spec, folder, self.settings.device.pin_cores(first, count))[1]
 
     def execute(
         self,
@@ -94,6 +93,17 @@ class Job:
             cancel=cancel,
             warm=warm,
         )
+
+    def execute_on_device(
+        self, spec: RunSpec | TrainSpec, folder: str, pinned: Mapping[str, str], cancel: threading.Event | None = None
+    ) -> tuple[str, ProcessOutcome]:
+        """:meth:`execute` on the device, pinned to the lease's cores (:func:`device_run_env`). A run of one rank
+        starts from the session's warm interpreter where the device table allows it (``warm_runs``: cpu): its
+        environment then holds the table's variables already, so the server that imported inductor for it
+        read the settings the run compiles with."""
+        env = device_run_env(self.settings, self.environ, pinned, spec.world_size)
+        warm = self.settings.device.warm_runs and spec.world_size == 1
+        return self.execute(spec, folder, env, cancel, warm=warm)
 
     def execute_on_cpu(
         self, spec: RunSpec | TrainSpec, folder: str, cancel: threading.Event | None = None
@@ -122,11 +132,15 @@ def session_env(settings: Settings, environ: Mapping[str, str]) -> dict[str, str
     return env
 
 
-def device_run_env(settings: Settings, environ: Mapping[str, str], pinned: Mapping[str, str]) -> dict[str, str]:
-    """The environment of a device run: the caller's (offline when the session found the Hub
-    unreachable, with the session's CPU threads: :func:`session_env`), the lease's pinning (the
-    device's core variable) and, with ``--neff-cache``, the device's compile cache variable."""
-    env = {**session_env(settings, environ), **pinned}
+def device_run_env(
+    settings: Settings, environ: Mapping[str, str], pinned: Mapping[str, str], ranks: int = 1
+) -> dict[str, str]:
+    """The environment of a device run of ``ranks`` ranks: the device table's variables for it
+    (``DeviceKind.env_for``; the caller's own value of one wins, as run.py's ``setdefault`` of them does), the
+    caller's (offline when the session found the Hub unreachable, with the session's CPU threads:
+    :func:`session_env`), the lease's pinning (the device's core variable) and, with ``--neff-cache``, the
+    device's compile cache variable."""
+    env = {**settings.device.env_for(ranks), **session_env(settings, environ), **pinned}
     if settings.neff_cache is not None:
         # neuron: one folder per compiler version (its cache keys hold none), the one neff pull and push use
         cache = neffcache.run_cache_dir(settings.device, settings.neff_cache, settings.stack.neuronx_cc)

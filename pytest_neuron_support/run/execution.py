@@ -154,15 +154,17 @@ def run_script(
     memory_limit: int | None = None,
     cancel: threading.Event | None = None,
     warm: bool = False,
+    compiles: bool = False,
 ) -> ProcessOutcome:
     """Run ``python script --out out`` in a new session and wait at most ``timeout`` seconds.
 
     ``memory_limit`` caps the child's address space (bytes): a model that would exhaust the
     host fails alone, with a MemoryError row, instead of inviting the kernel's OOM killer.
     Setting ``cancel`` (from another thread) kills the process group early, like a timeout
-    that is not the script's fault (``timed_out`` stays False). ``warm``: a script that compiles
-    nothing may start as a fork of a warm interpreter (``run.forkserver``, where the session turned
-    it on), the same process in every way a run's outcome reads.
+    that is not the script's fault (``timed_out`` stays False). ``warm``: the script may start
+    as a fork of a warm interpreter (``run.forkserver``, where the session turned it on: the CPU side's
+    scripts, the cpu device's runs of one rank), the same process in every way a run's outcome reads;
+    ``compiles``: the script compiles (its server imports the compiler too).
     """
     limit = None if memory_limit is None else _address_space_limit(memory_limit)
     with contextlib.suppress(FileNotFoundError):
@@ -172,7 +174,7 @@ def run_script(
     with open(log_path, "wb") as log:
         proc: subprocess.Popen[bytes] | forkserver.WarmProcess | None = None
         if warm:
-            proc = forkserver.spawn(python, env, script, out, log_path, memory_limit)
+            proc = forkserver.spawn(python, env, script, out, log_path, memory_limit, compiles)
         if proc is None:
             proc = subprocess.Popen(
                 [python, str(script), "--out", str(out)],

@@ -1,5 +1,5 @@
-"""A warm interpreter that starts the CPU side's scripts: torch and transformers imported once, each
-script a fork of it.
+"""A warm interpreter that starts the CPU side's scripts and the cpu device's one-rank runs: torch and
+transformers imported once, each script a fork of it.
 
 Why: a CPU-side run of a tiny model (the reference, the teacher-forced check, the judge) is nearly all
 interpreter start. Measured on the project's 2-CPU machines: a tiny qwen3 reference run.py costs about
@@ -18,9 +18,14 @@ negative as Popen gives it), and ending with its parent (run.py asks for that it
 modules the server imported are already imported, so a warning the libraries print once at import is not
 in the run's log; and Python's hash seed is the server's.
 
-Only what compiles nothing is started here (``run_script(..., warm=True)``): a compile reads the
-compiler's settings from the environment when inductor's config is first imported, and device runs
-stay fresh processes on every device, as they must be on neuron. A run the server cannot take (a
+What starts here (``run_script(..., warm=True)``): the CPU side's scripts, and device runs of one rank
+where the device table allows it (``DeviceKind.warm_runs``: cpu). A compile reads the compiler's
+settings from the environment when inductor's config is first imported, which the server has done: so
+a device run's environment holds the device table's variables before it starts
+(``context.device_run_env``) instead of run.py setting them, and the server that serves it, started with
+that very environment, read what the run's own import would have read. On neuron and cuda every device
+run is a fresh process (on neuron it must be: ``import torch`` loads torch-neuronx, whose runtime a fork
+cannot share), and so is every rank of a sharded run. A run the server cannot take (a
 third environment, a server that did not start within :data:`READY_WAIT_S`, any error before the script
 started) runs as a fresh process instead. The session turns it on (:func:`enable`) in each process that
 runs checks and off at its end (:func:`disable`). The first run of an environment starts its server and
@@ -62,7 +67,15 @@ WARM_IMPORTS = (
     "transformers.models.auto.tokenization_auto",
 )
 
-#: Servers one process keeps at most (one per environment its CPU-side runs have: a session has one).
+#: What a server for runs that compile imports besides (:data:`WARM_IMPORTS`): what a device run's first
+#: compile imports. Measured with ``python -X importtime`` on a one-rank cpu run of the tiny qwen3, about
+#: 1.2 CPU-s: inductor's code generation and lowering, and sympy's units, which ``sympy.simplify`` imports
+#: at its first call (inductor's index arithmetic makes it). A server for the CPU side's scripts, which
+#: compile nothing, skips them.
+COMPILE_IMPORTS = ("torch._inductor.compile_fx", "sympy.physics.units")
+
+#: Servers one process keeps at most (one per environment its runs have: a session's CPU side has one,
+#: its cpu device runs of one rank another).
 MAX_SERVERS = 2
 
 #: How long a run waits for its server to finish importing, the first run of a process's included (its
@@ -165,17 +178,30 @@ def _child(request: Mapping[str, Any], inherited: list[Any], started: int) -> No
         os._exit(code)
 
 
-def serve(address: str) -> None:
-    """Import :data:`WARM_IMPORTS`, say ready on stdout, then fork a process per request on ``address``
-    (a Unix socket) until stdin closes: its parent closes it, or dies (a pipe closes with the last
-    process holding it, SIGKILL or not), and its scripts then end with it (run.py asks the kernel for
-    that). One thread only: a process that forks must have no other."""
+def serve(address: str, compiles: bool = False) -> None:
+    """Import :data:`WARM_IMPORTS` (and :data:`COMPILE_IMPORTS` for a server of runs that compile), say
+    ready on stdout, then fork a process per request on ``address`` (a Unix socket) until stdin closes: its
+    parent closes it, or dies (a pipe closes with the last process holding it, SIGKILL or not), and its
+    scripts then end with it (run.py asks the kernel for that). One thread only: a process that forks must
+    have no other."""
     import importlib
 
-    for name in WARM_IMPORTS:
+    for name in WARM_IMPORTS + (COMPILE_IMPORTS if compiles else ()):
         importlib.import_module(name)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(address)
+    try:
+        _serve(listener)
+    finally:
+        # Its socket and folder go with it, however its parent ended (a SIGKILLed one never closes it).
+        with contextlib.suppress(OSError):
+            os.unlink(address)
+        with contextlib.suppress(OSError):
+            os.rmdir(os.path.dirname(address))
+
+
+def _serve(listener: socket.socket) -> None:
+    """:func:`serve`'s loop on ``listener``, bound: returns when stdin closes."""
     listener.listen(16)
     selector = selectors.DefaultSelector()
     selector.register(listener, selectors.EVENT_READ, "listener")
@@ -280,11 +306,13 @@ class WarmProcess:
 
 
 class ForkServer:
-    """One warm interpreter with the environment ``env``, started by :meth:`start`."""
+    """One warm interpreter with the environment ``env``, started by :meth:`start`; ``compiles``: it serves
+    runs that compile (it imports :data:`COMPILE_IMPORTS` too)."""
 
-    def __init__(self, python: str, env: Mapping[str, str]) -> None:
+    def __init__(self, python: str, env: Mapping[str, str], compiles: bool = False) -> None:
         self.python = python
         self.env = dict(env)
+        self.compiles = compiles
         self._folder = Path(tempfile.mkdtemp(prefix="neuron-support-warm-"))
         self.address = str(self._folder / "socket")
         self._process: subprocess.Popen[bytes] | None = None
@@ -297,7 +325,13 @@ class ForkServer:
         """Start the server (it imports for a few seconds; :meth:`ready` says when it listens), with the
         environment ``env``; each script it starts gets its own."""
         self._process = subprocess.Popen(
-            [self.python, "-m", "pytest_neuron_support.run.forkserver", self.address],
+            [
+                self.python,
+                "-m",
+                "pytest_neuron_support.run.forkserver",
+                self.address,
+                *(["compiles"] if self.compiles else []),
+            ],
             cwd=str(self._folder),
             env=self.env,
             stdin=subprocess.PIPE,
@@ -397,7 +431,7 @@ class ForkServer:
 
 # --- This process's servers ----------------------------------------------------------------------
 
-_servers: dict[tuple[str, frozenset[tuple[str, str]]], ForkServer] = {}
+_servers: dict[tuple[str, frozenset[tuple[str, str]], bool], ForkServer] = {}
 _enabled = False
 _registry_lock = threading.Lock()
 
@@ -419,29 +453,36 @@ def disable() -> None:
         server.close()
 
 
-def server_for(python: str, env: Mapping[str, str]) -> ForkServer | None:
-    """This process's server for ``python`` and ``env`` (but :data:`PER_RUN`), started by the first call
-    that asks for it; None while servers are off or :data:`MAX_SERVERS` serve other environments."""
-    key = (python, read_at_import(env))
+def server_for(python: str, env: Mapping[str, str], compiles: bool = False) -> ForkServer | None:
+    """This process's server for ``python`` and ``env`` (but :data:`PER_RUN`), of runs that compile or not,
+    started by the first call that asks for it; None while servers are off or :data:`MAX_SERVERS` serve
+    others."""
+    key = (python, read_at_import(env), compiles)
     with _registry_lock:
         if not _enabled:
             return None
         server = _servers.get(key)
         if server is None and len(_servers) < MAX_SERVERS:
-            server = _servers[key] = ForkServer(python, env)
+            server = _servers[key] = ForkServer(python, env, compiles)
             server.start()
         return server
 
 
 def spawn(
-    python: str, env: Mapping[str, str], script: Path, out: Path, log_path: Path, memory_limit: int | None
+    python: str,
+    env: Mapping[str, str],
+    script: Path,
+    out: Path,
+    log_path: Path,
+    memory_limit: int | None,
+    compiles: bool = False,
 ) -> WarmProcess | None:
-    """``script`` started by this process's server for ``env`` (the first call for an environment starts
-    one and waits for its import, which a fresh process would spend itself); None where servers are off,
-    or the server could not start it."""
-    server = server_for(python, env)
+    """``script`` started by this process's server for ``env`` and ``compiles`` (the first call for them
+    starts one and waits for its import, which a fresh process would spend itself); None where servers are
+    off, or the server could not start it."""
+    server = server_for(python, env, compiles)
     return None if server is None else server.spawn(script, out, log_path, memory_limit, env)
 
 
 if __name__ == "__main__":
-    serve(sys.argv[1])
+    serve(sys.argv[1], compiles=sys.argv[2:] == ["compiles"])

@@ -375,5 +375,6 @@ def render_and_run(
         memory_limit=memory_limit,
         cancel=cancel,
         warm=warm,
+        compiles=spec.compile,
     )
     return source, outcome

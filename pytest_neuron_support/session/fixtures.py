@@ -38,7 +38,7 @@ from pytest_neuron_support.checks.run import run_check
 from pytest_neuron_support.cpu.judge import judge
 from pytest_neuron_support.cpu.reference import ReferenceRun, reference_result
 from pytest_neuron_support.planning.planner import Plan
-from pytest_neuron_support.run.context import Job, device_run_env
+from pytest_neuron_support.run.context import Job
 from pytest_neuron_support.run.execution import ProcessOutcome, failure_of, stage_name
 from pytest_neuron_support.run.runscript import RunSpec
 from pytest_neuron_support.run.settings import Settings, core_pool, run_dir
@@ -392,7 +392,7 @@ def neuron_run(
     post_load = config.hook.pytest_neuron_support_post_load(config=config, model=neuron_model) or ""
     spec = INFERENCE.device_spec(job, post_load)
     try:
-        source, outcome = job.execute(spec, "device", device_run_env(settings, job.environ, neuron_cores.env))
+        source, outcome = job.execute_on_device(spec, "device", neuron_cores.env)
     except BaseException:
         if evidence.reference_run is not None:
             evidence.reference_run.cancel()

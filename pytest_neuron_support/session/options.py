@@ -256,9 +256,9 @@ def add_options(parser: pytest.Parser) -> None:
         "--cpu-side-starts",
         default="warm",
         choices=("warm", "fresh"),
-        help="warm (default, on Linux): the CPU side's scripts that compile nothing (reference, CPU check, "
-        "judge) start as forks of one interpreter that imported torch and transformers once; fresh: each is "
-        "a new python process, as device runs always are",
+        help="warm (default, on Linux): the CPU side's scripts (reference, CPU check, judge) and the cpu "
+        "device's runs of one rank start as forks of an interpreter that imported torch and transformers "
+        "once; fresh: each is a new python process, as device runs on neuron and cuda always are",
     )
     group.addoption(
         "--parity",
