@@ -1,4 +1,5 @@
-"""What the warm starts save a sweep, side by side in one run: ``--cpu-side-starts=warm`` against ``fresh``.
+"""What the warm starts save a sweep, side by side in one run: ``--cpu-side-starts=warm`` against
+``fresh``.
 
 With ``warm`` (the default, on Linux) each xdist worker imports torch and transformers once, in a server
 (``run/forkserver.py``), and starts every CPU-side script (the reference, the teacher-forced check, the
@@ -7,15 +8,18 @@ judge) as a fork of it, and every one-rank device run on the cpu device as a for
 imports); with ``fresh`` each is a new ``python`` process. The same sweep of tiny-zoo generation models
 runs once each way, ``-n 2``, with the cpu row's own backend (inductor; ``--compile-backend=eager`` to
 leave the compiler out), each with an inductor cache of its own that starts empty (both compile cold, as
-on a fresh CI machine), and no reference cache (every reference runs). Prints each session's wall seconds
-and the CPU seconds of it and its children, whether both gave the same rows (result and tokens), then
-warm's CPU and wall over fresh's.
+on a fresh CI machine; inductor keeps its precompiled headers under ``<tmp>/torchinductor_<user>``
+whatever the cache folder, so on a machine that has none the first session, fresh, builds them), and no
+reference cache (every reference runs). Prints each session's wall seconds and the CPU seconds of it and
+its children, whether both gave the same rows (result and tokens), then warm's CPU and wall over
+fresh's.
 
 What it answers: how much of a sweep's cost is starting Python, that is, what the warm starts give the
-main job's 9-minute and ``.ci/run``'s 20-minute targets. The figures go to
-benchmarks/results/ci-timings.md.
+main job's 9-minute and ``.ci/run``'s 20-minute targets. The figures go to benchmarks/results/ci-
+timings.md.
 
     python benchmarks/warm_starts.py [--models qwen3,llama,smollm3,qwen2,mistral] [--compile-backend eager]
+
 """
 
 from __future__ import annotations
