@@ -15,11 +15,10 @@ its children, whether both gave the same rows (result and tokens), then warm's C
 fresh's.
 
 What it answers: how much of a sweep's cost is starting Python, that is, what the warm starts give the
-main job's 9-minute and ``.ci/run``'s 20-minute targets. The figures go to benchmarks/results/ci-
-timings.md.
+main job's 9-minute and ``.ci/run``'s 20-minute targets. The figures go to
+benchmarks/results/ci-timings.md.
 
     python benchmarks/warm_starts.py [--models qwen3,llama,smollm3,qwen2,mistral] [--compile-backend eager]
-
 """
 
 from __future__ import annotations
