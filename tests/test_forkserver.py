@@ -294,7 +294,11 @@ INDUCTOR_SETTINGS = """
 import json, sys
 started_with = sorted(m for m in ("torch._inductor.compile_fx", "sympy.physics.units") if m in sys.modules)
 import torch._inductor.config as config
-json.dump({"cpp_wrapper": config.cpp_wrapper, "started_with": started_with}, open(sys.argv[2], "w"))
+import multiprocessing.process
+import torch._dynamo.config
+json.dump({"cpp_wrapper": config.cpp_wrapper, "started_with": started_with,
+           "debug_dir_root": torch._dynamo.config.debug_dir_root,
+           "original_dir": multiprocessing.process.ORIGINAL_DIR}, open(sys.argv[2], "w"))
 """
 
 
@@ -315,25 +319,38 @@ def test_a_warm_device_run_compiles_with_the_settings_its_environment_names(
     monkeypatch.setattr(forkserver, "_servers", servers)
     monkeypatch.setattr(forkserver, "_enabled", True)
     try:
+        server = forkserver.server_for(sys.executable, harness_env(device_env), compiles=True)
+        assert server is not None and server.wait_ready(300), "the warm interpreter did not start"
         outcome = run(write(tmp_path / "device", INDUCTOR_SETTINGS), device_env, compiles=True)
         said = json.loads((tmp_path / "device" / "result.json").read_text())
-        server = forkserver.server_for(sys.executable, harness_env(device_env), compiles=True)
-        assert outcome.returncode == 0 and server is not None and server.ready()
-        # Served warm (a fork of that server, which also imported what a first compile imports) and with the setting.
-        assert said == {"cpp_wrapper": True, "started_with": ["sympy.physics.units", "torch._inductor.compile_fx"]}
+        assert outcome.returncode == 0
+        # Served warm (a fork of that server, which also imported what a first compile imports) and with the setting;
+        # what torch and multiprocessing derived from the working directory at import is the run's folder, as
+        # for a fresh run.py (compile debug output and a compile error's minifier go there, not the server's).
+        folder = str(tmp_path / "device")
+        assert said == {
+            "cpp_wrapper": True,
+            "started_with": ["sympy.physics.units", "torch._inductor.compile_fx"],
+            "debug_dir_root": os.path.join(folder, "torch_compile_debug"),
+            "original_dir": folder,
+        }
 
+        importing = "import torch._inductor.config as config"
         setting_itself = INDUCTOR_SETTINGS.replace(
-            "import torch._inductor",
-            "import os; os.environ.setdefault('TORCHINDUCTOR_CPP_WRAPPER', '1')\nimport torch._inductor",
+            importing, f"import os\nos.environ.setdefault('TORCHINDUCTOR_CPP_WRAPPER', '1')\n{importing}"
         )
+        late_server = forkserver.server_for(sys.executable, harness_env(base), compiles=True)
+        assert late_server is not None and late_server.wait_ready(300), "the warm interpreter did not start"
         run(write(tmp_path / "late", setting_itself), base, compiles=True)
         late = json.loads((tmp_path / "late" / "result.json").read_text())
         assert late["cpp_wrapper"] is False and late["started_with"], "served warm, the late variable is not read"
         run(write(tmp_path / "fresh", setting_itself), base, warm=False)
         assert json.loads((tmp_path / "fresh" / "result.json").read_text())["cpp_wrapper"] is True
     finally:
-        for server in servers.values():
-            server.close()
+        for each in servers.values():
+            each.close()
+    # The servers' folders went with them (nothing of a run is left in them).
+    assert not any(Path(each.address).parent.exists() for each in servers.values())
 
 
 #: Records which of a session's scripts started warm: each run's folder, whether it compiles, whether a server took it.
@@ -341,6 +358,7 @@ SPAWN_RECORDING_CONFTEST = """
 import json, os
 from pytest_neuron_support.run import forkserver
 
+forkserver.READY_WAIT_S = 600  # two servers importing at once beside the rest of the suite: never fall back for time
 _spawn = forkserver.spawn
 
 def _recorded(python, env, script, out, log_path, memory_limit, compiles=False):
@@ -369,3 +387,10 @@ def test_a_cpu_session_starts_its_one_rank_device_runs_warm(
     assert result.ret == 0, result.stdout.str()
     spawned = {tuple(json.loads(line)) for line in record.read_text().splitlines()}
     assert ("device", True, True) in spawned and ("reference", False, True) in spawned, spawned
+
+
+def test_a_leases_core_slice_does_not_keep_a_run_from_the_server() -> None:
+    # The neuron_cores fixture's runs carry their lease's slice; keyed by it, every lease would start a server.
+    from pytest_neuron_support.run.cores import SLICE_ENV
+
+    assert SLICE_ENV in forkserver.PER_RUN

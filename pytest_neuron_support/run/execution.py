@@ -1,4 +1,5 @@
-"""Run a rendered run.py in a fresh process of its own, and say what happened to it (:func:`failure_of`).
+"""Run a rendered run.py in a process of its own (fresh, or a fork of a warm interpreter: ``run.forkserver``),
+and say what happened to it (:func:`failure_of`).
 
 Each run gets its own session (process group), so a timeout kills the script and anything
 it started (compiler workers, torch.distributed ranks): leaked children would keep device

@@ -32,8 +32,8 @@ runs checks and off at its end (:func:`disable`). The first run of an environmen
 waits for its import, the import it would otherwise have done itself, so a process that starts one
 CPU-side script pays about what it did, and every later one saves its import.
 
-Run as ``python -m pytest_neuron_support.run.forkserver SOCKET``: serves until its stdin closes, which
-its parent's end does.
+Run as ``python -m pytest_neuron_support.run.forkserver SOCKET [compiles]``: serves until its stdin
+closes, which its parent's end does.
 """
 
 from __future__ import annotations
@@ -89,8 +89,15 @@ _READY = "ready"
 
 #: Variables that differ from one run to the next and that no library reads at import: a server started
 #: with one value serves runs with any other (each script gets its own environment, exactly). pytest
-#: names the test it runs in ``PYTEST_CURRENT_TEST``, which every check's processes inherit.
-PER_RUN = frozenset({"PYTEST_CURRENT_TEST"})
+#: names the test it runs in ``PYTEST_CURRENT_TEST``, which every check's processes inherit; a lease's
+#: slice of the host's cores (``run.cores.SLICE_ENV``, which the ``neuron_cores`` fixture's runs carry) is
+#: read only by a pytest session started inside the run.
+PER_RUN = frozenset({"PYTEST_CURRENT_TEST", "NEURON_SUPPORT_VISIBLE_CORES"})
+
+#: Modules whose settings hold paths derived from the working directory when they were imported (torch's
+#: compile configs: ``debug_dir_root``, where ``TORCH_COMPILE_DEBUG`` writes and a compile error's
+#: minifier points). A fresh run.py derives them from its own folder, so a child re-derives them.
+_CWD_CONFIGS = ("torch._dynamo.config", "torch._inductor.config", "torch._functorch.config")
 
 
 def read_at_import(env: Mapping[str, str]) -> frozenset[tuple[str, str]]:
@@ -109,6 +116,22 @@ def _exit_code(code: Any) -> int:
         return code
     print(code, file=sys.stderr)
     return 1
+
+
+def _move_working_directory(old: str, new: str) -> None:
+    """Change to ``new``, and move what the imported libraries derived from ``old``, the server's folder,
+    to it: multiprocessing's ``ORIGINAL_DIR`` and the paths of :data:`_CWD_CONFIGS` under ``old``."""
+    os.chdir(new)
+    process = sys.modules.get("multiprocessing.process")
+    if process is not None and getattr(process, "ORIGINAL_DIR", None) == old:
+        process.ORIGINAL_DIR = new  # type: ignore[attr-defined]
+    for name in _CWD_CONFIGS:
+        config = sys.modules.get(name)
+        if config is None:
+            continue
+        for key, value in config.get_config_copy().items():
+            if isinstance(value, str) and (value == old or value.startswith(old + os.sep)):
+                setattr(config, key, new + value[len(old) :])
 
 
 def _child(request: Mapping[str, Any], inherited: list[Any], started: int) -> None:
@@ -136,7 +159,7 @@ def _child(request: Mapping[str, Any], inherited: list[Any], started: int) -> No
         os.dup2(log, 2)
         os.close(log)
         os.close(devnull)
-        os.chdir(script.parent)
+        _move_working_directory(os.getcwd(), str(script.parent))
         # The run's own environment, exactly: the server's differs at most in PER_RUN, and importing
         # set variables of its own (inductor writes its cache folder into TORCHINDUCTOR_CACHE_DIR).
         os.environ.clear()
@@ -253,8 +276,11 @@ def _fork_for(connection: socket.socket, inherited: list[Any]) -> int | None:
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:
-        os.close(read_end)
-        _child(request, [*inherited, connection], write_end)
+        try:  # the child never returns into the server's loop (nor its cleanup), whatever happens
+            os.close(read_end)
+            _child(request, [*inherited, connection], write_end)
+        finally:
+            os._exit(1)
     os.close(write_end)
     os.read(read_end, 1)  # its setsid() done (or the child already gone: an empty read)
     os.close(read_end)
@@ -437,7 +463,8 @@ _registry_lock = threading.Lock()
 
 
 def enable() -> None:
-    """Let this process's CPU-side runs start from warm servers (the session's checks do)."""
+    """Let this process's CPU-side runs and cpu device runs of one rank start from warm servers (the
+    session's checks do)."""
     global _enabled
     _enabled = True
 
