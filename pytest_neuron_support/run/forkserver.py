@@ -54,6 +54,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from pytest_neuron_support.run.cores import SLICE_ENV
+
 #: What the server imports before it says it is ready: what every CPU-side script imports first
 #: (run.py's and judge.py's imports, and what ``from_pretrained`` imports for any model).
 WARM_IMPORTS = (
@@ -90,9 +92,9 @@ _READY = "ready"
 #: Variables that differ from one run to the next and that no library reads at import: a server started
 #: with one value serves runs with any other (each script gets its own environment, exactly). pytest
 #: names the test it runs in ``PYTEST_CURRENT_TEST``, which every check's processes inherit; a lease's
-#: slice of the host's cores (``run.cores.SLICE_ENV``, which the ``neuron_cores`` fixture's runs carry) is
+#: slice of the host's cores (:data:`~.cores.SLICE_ENV`, which the ``neuron_cores`` fixture's runs carry) is
 #: read only by a pytest session started inside the run.
-PER_RUN = frozenset({"PYTEST_CURRENT_TEST", "NEURON_SUPPORT_VISIBLE_CORES"})
+PER_RUN = frozenset({"PYTEST_CURRENT_TEST", SLICE_ENV})
 
 #: Modules whose settings hold paths derived from the working directory when they were imported (torch's
 #: compile configs: ``debug_dir_root``, where ``TORCH_COMPILE_DEBUG`` writes and a compile error's
