@@ -50,9 +50,29 @@ def settings_on(device: str, **changes: Any) -> Settings:
 
 
 def test_cpu_side_runs_are_unpinned_and_load_no_device_backend() -> None:
-    settings = settings_on("cpu")
-    env = cpu_env(settings, {"NEURON_RT_VISIBLE_CORES": "8-9", "CUDA_VISIBLE_DEVICES": "1", "HOME": "/h"})
-    assert env == {"HOME": "/h", **NO_DEVICE_ENV} and env["TORCH_DEVICE_BACKEND_AUTOLOAD"] == "0"
+    environ = {"NEURON_RT_VISIBLE_CORES": "8-9", "CUDA_VISIBLE_DEVICES": "1", "HOME": "/h"}
+    for device in DEVICES:
+        env = cpu_env(settings_on(device), environ)
+        assert env["HOME"] == "/h" and env["TORCH_DEVICE_BACKEND_AUTOLOAD"] == "0", device
+        assert "NEURON_RT_VISIBLE_CORES" not in env and "CUDA_VISIBLE_DEVICES" not in env, device
+    # Where device runs are fresh processes, nothing of the device's table reaches the CPU side.
+    assert cpu_env(settings_on("neuron"), environ) == {"HOME": "/h", **NO_DEVICE_ENV}
+
+
+def test_on_the_cpu_device_a_one_rank_run_and_the_cpu_side_have_one_environment() -> None:
+    """So that one warm interpreter a process serves both (a server serves only runs of its own environment, and
+    each imports torch and transformers): the cpu row keeps device backends out as the CPU side does, and the CPU
+    side holds the compiler's settings a device run holds (a user's own value of one still wins, on both sides)."""
+    from pytest_neuron_support.run.context import device_run_env
+
+    for changes in ({}, {"neff_cache": Path("/base")}):
+        cpu = settings_on("cpu", **changes)
+        for environ in ({"HOME": "/h"}, {"HOME": "/h", "TORCHINDUCTOR_CPP_WRAPPER": "0"}):
+            assert cpu_env(cpu, environ) == device_run_env(cpu, environ, {}, 1), (changes, environ)
+    assert DEVICES["cpu"].env["TORCH_DEVICE_BACKEND_AUTOLOAD"] == "0"
+    # A sharded run's ranks (fresh processes) keep the table's rule for them: no C++ wrapper.
+    assert cpu_env(settings_on("cpu"), {})["TORCHINDUCTOR_CPP_WRAPPER"] == "1"
+    assert "TORCHINDUCTOR_CPP_WRAPPER" not in device_run_env(settings_on("cpu"), {}, {}, 2)
 
 
 def test_the_compiler_version_is_probed_only_where_a_device_has_a_compiler() -> None:

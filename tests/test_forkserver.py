@@ -291,14 +291,14 @@ def test_the_processes_that_run_checks_start_their_cpu_side_warm_unless_asked_no
 
 #: What a compiling script sees of inductor's settings as it starts: read when inductor's config was imported.
 INDUCTOR_SETTINGS = """
-import json, sys
+import json, os, sys
 started_with = sorted(m for m in ("torch._inductor.compile_fx", "sympy.physics.units") if m in sys.modules)
 import torch._inductor.config as config
 import multiprocessing.process
 import torch._dynamo.config
 json.dump({"cpp_wrapper": config.cpp_wrapper, "started_with": started_with,
            "debug_dir_root": torch._dynamo.config.debug_dir_root,
-           "original_dir": multiprocessing.process.ORIGINAL_DIR}, open(sys.argv[2], "w"))
+           "original_dir": multiprocessing.process.ORIGINAL_DIR, "parent": os.getppid()}, open(sys.argv[2], "w"))
 """
 
 
@@ -319,12 +319,18 @@ def test_a_warm_device_run_compiles_with_the_settings_its_environment_names(
     monkeypatch.setattr(forkserver, "_servers", servers)
     monkeypatch.setattr(forkserver, "_enabled", True)
     try:
-        server = forkserver.server_for(sys.executable, harness_env(device_env), compiles=True)
+        server = forkserver.server_for(sys.executable, harness_env(device_env))
         assert server is not None and server.wait_ready(300), "the warm interpreter did not start"
+        # A run that compiles nothing (the CPU side's) starts before the compiler is imported: a server that only
+        # ever serves those never imports it.
+        run(write(tmp_path / "cpu-side", INDUCTOR_SETTINGS), device_env)
+        cpu_side = json.loads((tmp_path / "cpu-side" / "result.json").read_text())
+        assert (cpu_side["started_with"], cpu_side["parent"]) == ([], server.pid)
         outcome = run(write(tmp_path / "device", INDUCTOR_SETTINGS), device_env, compiles=True)
         said = json.loads((tmp_path / "device" / "result.json").read_text())
         assert outcome.returncode == 0
-        # Served warm (a fork of that server, which also imported what a first compile imports) and with the setting;
+        # Served warm (a fork of that server, which imported what a first compile imports before it) and with the
+        # setting;
         # what torch and multiprocessing derived from the working directory at import is the run's folder, as
         # for a fresh run.py (compile debug output and a compile error's minifier go there, not the server's).
         folder = str(tmp_path / "device")
@@ -333,17 +339,19 @@ def test_a_warm_device_run_compiles_with_the_settings_its_environment_names(
             "started_with": ["sympy.physics.units", "torch._inductor.compile_fx"],
             "debug_dir_root": os.path.join(folder, "torch_compile_debug"),
             "original_dir": folder,
+            "parent": server.pid,
         }
 
         importing = "import torch._inductor.config as config"
         setting_itself = INDUCTOR_SETTINGS.replace(
             importing, f"import os\nos.environ.setdefault('TORCHINDUCTOR_CPP_WRAPPER', '1')\n{importing}"
         )
-        late_server = forkserver.server_for(sys.executable, harness_env(base), compiles=True)
+        late_server = forkserver.server_for(sys.executable, harness_env(base))
         assert late_server is not None and late_server.wait_ready(300), "the warm interpreter did not start"
         run(write(tmp_path / "late", setting_itself), base, compiles=True)
         late = json.loads((tmp_path / "late" / "result.json").read_text())
-        assert late["cpp_wrapper"] is False and late["started_with"], "served warm, the late variable is not read"
+        assert late["parent"] == late_server.pid and late["started_with"]
+        assert late["cpp_wrapper"] is False, "served warm, the late variable is not read"
         run(write(tmp_path / "fresh", setting_itself), base, warm=False)
         assert json.loads((tmp_path / "fresh" / "result.json").read_text())["cpp_wrapper"] is True
     finally:
@@ -353,7 +361,8 @@ def test_a_warm_device_run_compiles_with_the_settings_its_environment_names(
     assert not any(Path(each.address).parent.exists() for each in servers.values())
 
 
-#: Records which of a session's scripts started warm: each run's folder, whether it compiles, whether a server took it.
+#: Records which of a session's scripts started warm: each run's folder, whether it compiles, the pid of the server
+#: that took it (None: it started fresh).
 SPAWN_RECORDING_CONFTEST = """
 import json, os
 from pytest_neuron_support.run import forkserver
@@ -363,8 +372,9 @@ _spawn = forkserver.spawn
 
 def _recorded(python, env, script, out, log_path, memory_limit, compiles=False):
     process = _spawn(python, env, script, out, log_path, memory_limit, compiles)
+    server = forkserver.server_for(python, env) if process is not None else None
     with open(os.environ["SPAWN_RECORD"], "a") as f:
-        f.write(json.dumps([script.parent.name, compiles, process is not None]) + "\\n")
+        f.write(json.dumps([script.parent.name, compiles, None if server is None else server.pid]) + "\\n")
     return process
 
 forkserver.spawn = _recorded
@@ -375,8 +385,9 @@ forkserver.spawn = _recorded
 def test_a_cpu_session_starts_its_one_rank_device_runs_warm(
     pytester: pytest.Pytester, offline_hub: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """As README's main job runs: the tiny qwen3 on the cpu device, its device run and its CPU side each started
-    from a server of its own, and the row a PASS."""
+    """As README's main job runs: the tiny qwen3 on the cpu device, its device run and its CPU side both started
+    from the one server of the process (the two sides' environments are one: ``context.cpu_env``), and the row
+    a PASS."""
     record = pytester.path / "spawned.jsonl"
     monkeypatch.setenv("SPAWN_RECORD", str(record))
     pytester.makeconftest(SPAWN_RECORDING_CONFTEST)
@@ -385,8 +396,11 @@ def test_a_cpu_session_starts_its_one_rank_device_runs_warm(
         "--device=cpu", "--models-file=models.yaml", "-p", "no:xdist", "--reference-cache=none", "-q"
     )
     assert result.ret == 0, result.stdout.str()
-    spawned = {tuple(json.loads(line)) for line in record.read_text().splitlines()}
-    assert ("device", True, True) in spawned and ("reference", False, True) in spawned, spawned
+    lines = map(json.loads, record.read_text().splitlines())
+    spawned = {folder: (compiles, server) for folder, compiles, server in lines}
+    assert spawned["device"][0] is True and spawned["reference"][0] is False, spawned
+    servers = {server for _, server in spawned.values()}
+    assert len(servers) == 1 and None not in servers, spawned
 
 
 def test_a_leases_core_slice_does_not_keep_a_run_from_the_server() -> None:

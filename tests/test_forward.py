@@ -354,13 +354,16 @@ def test_each_forward_task_passes_and_a_fault_in_its_head_fails_naming_the_outpu
 
     # run.py reads each decision as transformers' own pipeline does: the CPU reference's labels are the
     # pipeline's (in a subprocess: torch imported inside a pytester test would be dropped from sys.modules).
-    for task, repo in MODELS.items():
-        if task not in PIPELINE_LABELS:
-            continue
-        reference = json.loads(
-            (pytester.path / "out" / "runs" / slug(repo) / "cpu" / "reference" / "result.json").read_text()
+    references = {
+        task: json.loads(
+            (pytester.path / "out" / "runs" / slug(MODELS[task]) / "cpu" / "reference" / "result.json").read_text()
         )
-        assert pipeline_labels(task, repo, reference["items"]) == reference["decision_labels"], task
+        for task in PIPELINE_LABELS
+    }
+    labels = pipeline_labels({task: MODELS[task] for task in PIPELINE_LABELS}, pytester.path)
+    for task, reference in references.items():
+        assert len(labels[task]) == len(reference["items"]), (task, labels[task], reference["items"])
+        assert labels[task] == reference["decision_labels"], task
 
 
 #: The tasks whose pipeline answers one label per item run.py reads (a detector's pipeline keeps only the
@@ -374,29 +377,31 @@ PIPELINE_LABELS = (
 )
 
 
-def pipeline_labels(task: str, repo: str, items: list[list[int | None]]) -> list[str]:
-    """What ``transformers.pipeline(task)`` decides for the task's sentences, item by item."""
+def pipeline_labels(repos: dict[str, str], folder: Path) -> dict[str, list[str]]:
+    """What ``transformers.pipeline(task)`` decides for each task's sentences (or images, or waveforms), item by
+    item, for each ``{task: repo}``: one script in ``folder``, one subprocess for them all (torch and transformers
+    imported once)."""
     from pytest_neuron_support.tasks.table import task_of
 
-    forward = task_of(task)
-    assert isinstance(forward, ForwardTask)
-    # run.py's own test card and waveform, drawn by the template's code (as the zoo draws them).
-    spec = {"sentences": [], "image_size": list(TEST_CARD_SIZE), "task_options": forward.task_options()}
-    source = with_spec(template("run.py", forward.fragments), spec)
-    script = f"""
-import json, transformers
-from PIL import Image
+    readers = []
+    for task, repo in repos.items():
+        forward = task_of(task)
+        assert isinstance(forward, ForwardTask)
+        # run.py's own test card and waveform, drawn by the template's code (as the zoo draws them).
+        spec = {"sentences": [], "image_size": list(TEST_CARD_SIZE), "task_options": forward.task_options()}
+        source = with_spec(template("run.py", forward.fragments), spec)
+        rate = forward.task_options().get("audio", {}).get("sample_rate")
+        readers.append(f"""
 namespace = {{"__name__": "template"}}
 exec(compile({source!r}, "run.py", "exec"), namespace)
 pipe = transformers.pipeline({task!r}, model={repo!r}, dtype="float32")
 if {task!r} == "image-classification":
-    card = namespace["fixed_image"](__import__("torch"), *{list(TEST_CARD_SIZE)!r})
+    card = namespace["fixed_image"](torch, *{list(TEST_CARD_SIZE)!r})
     images = [Image.fromarray(c.permute(1, 2, 0).numpy()) for c in (card, card.flip(-1))]
     labels = [found[0]["label"] for found in pipe(images)]
 elif {task!r} == "audio-classification":
-    wave = namespace["fixed_audio"](__import__("torch"))
-    rate = {forward.task_options().get("audio", {}).get("sample_rate")!r}
-    labels = [pipe({{"raw": w.numpy(), "sampling_rate": rate}})[0]["label"] for w in (wave, wave.flip(0))]
+    wave = namespace["fixed_audio"](torch)
+    labels = [pipe({{"raw": w.numpy(), "sampling_rate": {rate!r}}})[0]["label"] for w in (wave, wave.flip(0))]
 else:
     texts = [s.replace("{{mask}}", pipe.tokenizer.mask_token or "") for s in {list(forward.reading.sentences)!r}]
     if {task!r} == "text-classification":
@@ -405,12 +410,17 @@ else:
         labels = [entity["entity"] for sentence in pipe(texts, ignore_labels=[]) for entity in sentence]
     else:
         labels = [found[0]["token_str"].strip() for found in (pipe(t, top_k=1) for t in texts)]
-print(json.dumps(labels))
-"""
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=False)
+found[{task!r}] = labels
+""")
+    script = "import json, torch, transformers\nfrom PIL import Image\nfound = {}\n" + "".join(readers)
+    script += "print(json.dumps(found))\n"
+    (folder / "pipeline_labels.py").write_text(script, encoding="utf-8")
+    proc = subprocess.run(
+        [sys.executable, "pipeline_labels.py"], cwd=folder, capture_output=True, text=True, timeout=300, check=False
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    labels: list[str] = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert len(labels) == len(items), (labels, items)
+    labels: dict[str, list[str]] = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert sorted(labels) == sorted(repos), labels
     return labels
 
 

@@ -180,6 +180,11 @@ class DeviceKind:
         }
 
 
+#: Environment of processes that must not touch any device: torch autoloads device backends
+#: (torch-neuronx registers through the ``torch.backends`` entry point) unless this is 0.
+NO_DEVICE_ENV: Mapping[str, str] = MappingProxyType({"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
+
+
 DEVICES: Mapping[str, DeviceKind] = MappingProxyType(
     {
         "neuron": DeviceKind(
@@ -248,7 +253,11 @@ DEVICES: Mapping[str, DeviceKind] = MappingProxyType(
             # and then starts a Python child per ISA to dlopen it (not cached), about 1.2 CPU-s a process.
             # A compiler that cannot build one fails the compile with its own error (a user's own
             # TORCHINDUCTOR_VEC_ISA_OK=0 compiles scalar kernels instead).
-            env=MappingProxyType({"TORCHINDUCTOR_VEC_ISA_OK": "1"}),
+            # And no device backend loads into a cpu run: on a trn2 host torch-neuronx would otherwise load
+            # with torch, into the run and into the warm interpreter it forks from (run.forkserver). The
+            # CPU side sets the same (NO_DEVICE_ENV), so the two sides' environments can be one
+            # (run.context.cpu_env).
+            env=MappingProxyType({"TORCHINDUCTOR_VEC_ISA_OK": "1", **NO_DEVICE_ENV}),
             # A cpu "core" in the pool is a slot for one rank, not a physical CPU.
             count_expr="__import__('os').cpu_count() or 1",
             max_pool=64,
@@ -339,11 +348,6 @@ def probe(names: tuple[str, ...] = AUTO_ORDER, python: str = sys.executable, tim
         counts={str(k): int(v) for k, v in seen["counts"].items()},
         core_memory={str(k): int(v) for k, v in seen["core_memory"].items()},
     )
-
-
-#: Environment of processes that must not touch any device: torch autoloads device backends
-#: (torch-neuronx registers through the ``torch.backends`` entry point) unless this is 0.
-NO_DEVICE_ENV: Mapping[str, str] = MappingProxyType({"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
 
 
 #: A trn2 logical NeuronCore at the default LNC=2: the plan a device without per-core memory gets.

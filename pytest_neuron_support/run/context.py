@@ -140,7 +140,13 @@ def device_run_env(
     caller's (offline when the session found the Hub unreachable, with the session's CPU threads:
     :func:`session_env`), the lease's pinning (the device's core variable) and, with ``--neff-cache``, the
     device's compile cache variable."""
-    env = {**settings.device.env_for(ranks), **session_env(settings, environ), **pinned}
+    return {**_device_variables(settings, ranks), **session_env(settings, environ), **pinned}
+
+
+def _device_variables(settings: Settings, ranks: int) -> dict[str, str]:
+    """What a device run of ``ranks`` ranks holds beside the caller's environment: the device table's variables
+    for it and, with ``--neff-cache``, the device's compile cache variable."""
+    env = settings.device.env_for(ranks)
     if settings.neff_cache is not None:
         # neuron: one folder per compiler version (its cache keys hold none), the one neff pull and push use
         cache = neffcache.run_cache_dir(settings.device, settings.neff_cache, settings.stack.neuronx_cc)
@@ -155,6 +161,16 @@ def cpu_env(settings: Settings, environ: Mapping[str, str]) -> dict[str, str]:
     """The environment of a CPU-side run (reference, CPU check, judge, training's CPU side): offline
     when the session found the Hub unreachable, with the session's CPU threads (:func:`session_env`),
     no device core pinning, and no device backend autoloaded (importing torch would load torch-neuronx
-    on a trn2 host)."""
+    on a trn2 host).
+
+    On a device whose one-rank runs start warm (``DeviceKind.warm_runs``: cpu) it also holds what such a run's
+    environment holds beside the caller's (:func:`_device_variables`; the caller's own value still wins), so
+    that the two environments are one and one warm interpreter a process serves both sides' runs
+    (``run.forkserver``: a server serves only runs of its own environment, and each costs an import of torch
+    and transformers, about 4.5 CPU-s). Those variables are inductor's settings, read only by a compile (a
+    CPU-side script that compiles, training's CPU side with ``torch_compile``, then compiles as the cpu
+    device's one-rank runs do), and the cpu row's ``TORCH_DEVICE_BACKEND_AUTOLOAD=0``, which is
+    :data:`NO_DEVICE_ENV` itself."""
     env = session_env(settings, environ)
-    return {**{k: v for k, v in env.items() if k not in _PIN_VARS}, **NO_DEVICE_ENV}
+    shared = _device_variables(settings, 1) if settings.device.warm_runs else {}
+    return {**shared, **{k: v for k, v in env.items() if k not in _PIN_VARS}, **NO_DEVICE_ENV}

@@ -165,7 +165,7 @@ def run_script(
     that is not the script's fault (``timed_out`` stays False). ``warm``: the script may start
     as a fork of a warm interpreter (``run.forkserver``, where the session turned it on: the CPU side's
     scripts, the cpu device's runs of one rank), the same process in every way a run's outcome reads;
-    ``compiles``: the script compiles (its server imports the compiler too).
+    ``compiles``: the script compiles (its server imports the compiler before it starts it).
     """
     limit = None if memory_limit is None else _address_space_limit(memory_limit)
     with contextlib.suppress(FileNotFoundError):

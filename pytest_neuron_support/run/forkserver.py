@@ -23,16 +23,17 @@ where the device table allows it (``DeviceKind.warm_runs``: cpu). A compile read
 settings from the environment when inductor's config is first imported, which the server has done: so
 a device run's environment holds the device table's variables before it starts
 (``context.device_run_env``) instead of run.py setting them, and the server that serves it, started with
-that very environment, read what the run's own import would have read. On neuron and cuda every device
-run is a fresh process (on neuron it must be: ``import torch`` loads torch-neuronx, whose runtime a fork
-cannot share), and so is every rank of a sharded run. A run the server cannot take (a
-third environment, a server that did not start within :data:`READY_WAIT_S`, any error before the script
+that very environment, read what the run's own import would have read. On the cpu device the CPU side's
+environment holds those variables too (``context.cpu_env``), so one server a process serves both sides.
+On neuron and cuda every device run is a fresh process (on neuron it must be: ``import torch`` loads
+torch-neuronx, whose runtime a fork cannot share), and so is every rank of a sharded run. A run the server
+cannot take (a third environment, a server that did not start within :data:`READY_WAIT_S`, any error before the script
 started) runs as a fresh process instead. The session turns it on (:func:`enable`) in each process that
 runs checks and off at its end (:func:`disable`). The first run of an environment starts its server and
 waits for its import, the import it would otherwise have done itself, so a process that starts one
 CPU-side script pays about what it did, and every later one saves its import.
 
-Run as ``python -m pytest_neuron_support.run.forkserver SOCKET [compiles]``: serves until its stdin
+Run as ``python -m pytest_neuron_support.run.forkserver SOCKET``: serves until its stdin
 closes, which its parent's end does.
 """
 
@@ -69,15 +70,16 @@ WARM_IMPORTS = (
     "transformers.models.auto.tokenization_auto",
 )
 
-#: What a server for runs that compile imports besides (:data:`WARM_IMPORTS`): what a device run's first
-#: compile imports. Measured with ``python -X importtime`` on a one-rank cpu run of the tiny qwen3, about
-#: 1.2 CPU-s: inductor's code generation and lowering, and sympy's units, which ``sympy.simplify`` imports
-#: at its first call (inductor's index arithmetic makes it). A server for the CPU side's scripts, which
-#: compile nothing, skips them.
+#: What a server imports besides (:data:`WARM_IMPORTS`) before it forks its first run that compiles: what a
+#: device run's first compile imports. Measured with ``python -X importtime`` on a one-rank cpu run of the
+#: tiny qwen3, about 1.2 CPU-s: inductor's code generation and lowering, and sympy's units, which
+#: ``sympy.simplify`` imports at its first call (inductor's index arithmetic makes it). A server that only
+#: ever starts the CPU side's scripts, which compile nothing, never imports them.
 COMPILE_IMPORTS = ("torch._inductor.compile_fx", "sympy.physics.units")
 
-#: Servers one process keeps at most (one per environment its runs have: a session's CPU side has one,
-#: its cpu device runs of one rank another).
+#: Servers one process keeps at most, one per environment its runs have: on the cpu device a session's CPU
+#: side and its one-rank device runs share one (``context.cpu_env``); a second serves a run whose
+#: environment differs (a user's own ``TORCH_DEVICE_BACKEND_AUTOLOAD`` beside the CPU side's 0).
 MAX_SERVERS = 2
 
 #: How long a run waits for its server to finish importing, the first run of a process's included (its
@@ -203,16 +205,12 @@ def _child(request: Mapping[str, Any], inherited: list[Any], started: int) -> No
         os._exit(code)
 
 
-def serve(address: str, compiles: bool = False) -> None:
-    """Import :data:`WARM_IMPORTS` (and :data:`COMPILE_IMPORTS` for a server of runs that compile), say
-    ready on stdout, then fork a process per request on ``address`` (a Unix socket) until stdin closes: its
-    parent closes it, or dies (a pipe closes with the last process holding it, SIGKILL or not), and its
-    scripts then end with it (run.py asks the kernel for that). One thread only: a process that forks must
-    have no other."""
-    import importlib
-
-    for name in WARM_IMPORTS + (COMPILE_IMPORTS if compiles else ()):
-        importlib.import_module(name)
+def serve(address: str) -> None:
+    """Import :data:`WARM_IMPORTS`, say ready on stdout, then fork a process per request on ``address`` (a
+    Unix socket) until stdin closes: its parent closes it, or dies (a pipe closes with the last process
+    holding it, SIGKILL or not), and its scripts then end with it (run.py asks the kernel for that). One
+    thread only: a process that forks must have no other."""
+    _import(WARM_IMPORTS)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(address)
     try:
@@ -260,14 +258,26 @@ def _serve(listener: socket.socket) -> None:
                 ended.close()
 
 
+def _import(names: tuple[str, ...]) -> None:
+    import importlib
+
+    for name in names:
+        importlib.import_module(name)
+
+
 def _fork_for(connection: socket.socket, inherited: list[Any]) -> int | None:
-    """Read one request from ``connection``, fork its process and answer with its pid."""
+    """Read one request from ``connection``, fork its process and answer with its pid. Before the first run
+    that compiles, the server imports :data:`COMPILE_IMPORTS` itself: once, for every such run after it."""
     connection.settimeout(_ANSWER_S)
     try:
         with connection.makefile("r", encoding="utf-8") as reader:
             request = json.loads(reader.readline())
     except (OSError, ValueError):
         return None
+    if request.get("compiles"):
+        # One that fails is the run's to import, and to fail at with its own traceback.
+        with contextlib.suppress(Exception):
+            _import(COMPILE_IMPORTS)
     # Never fork beside another Python thread: a lock it held would stay held in the child forever. The
     # native threads importing torch starts (its OpenMP pool, where OMP_NUM_THREADS > 1) are torch's
     # own, which it rebuilds in a forked child, as its DataLoader's forked workers rely on.
@@ -334,13 +344,11 @@ class WarmProcess:
 
 
 class ForkServer:
-    """One warm interpreter with the environment ``env``, started by :meth:`start`; ``compiles``: it serves
-    runs that compile (it imports :data:`COMPILE_IMPORTS` too)."""
+    """One warm interpreter with the environment ``env``, started by :meth:`start`."""
 
-    def __init__(self, python: str, env: Mapping[str, str], compiles: bool = False) -> None:
+    def __init__(self, python: str, env: Mapping[str, str]) -> None:
         self.python = python
         self.env = dict(env)
-        self.compiles = compiles
         self._folder = Path(tempfile.mkdtemp(prefix="neuron-support-warm-"))
         self.address = str(self._folder / "socket")
         self._process: subprocess.Popen[bytes] | None = None
@@ -353,13 +361,7 @@ class ForkServer:
         """Start the server (it imports for a few seconds; :meth:`ready` says when it listens), with the
         environment ``env``; each script it starts gets its own."""
         self._process = subprocess.Popen(
-            [
-                self.python,
-                "-m",
-                "pytest_neuron_support.run.forkserver",
-                self.address,
-                *(["compiles"] if self.compiles else []),
-            ],
+            [self.python, "-m", "pytest_neuron_support.run.forkserver", self.address],
             cwd=str(self._folder),
             env=self.env,
             stdin=subprocess.PIPE,
@@ -407,10 +409,17 @@ class ForkServer:
         return None if self._process is None else self._process.pid
 
     def spawn(
-        self, script: Path, out: Path, log_path: Path, memory_limit: int | None, env: Mapping[str, str]
+        self,
+        script: Path,
+        out: Path,
+        log_path: Path,
+        memory_limit: int | None,
+        env: Mapping[str, str],
+        compiles: bool = False,
     ) -> WarmProcess | None:
         """Start ``script`` in a fork of the server, with ``env`` (the server's but :data:`PER_RUN`); None
-        if the server cannot."""
+        if the server cannot. ``compiles``: the script compiles (the server imports :data:`COMPILE_IMPORTS`
+        first, where it has not yet)."""
         if not self.wait_ready(READY_WAIT_S):
             return None
         if read_at_import(env) != read_at_import(self.env):
@@ -421,6 +430,7 @@ class ForkServer:
             "log": str(log_path.absolute()),
             "memory_limit": memory_limit,
             "env": dict(env),
+            "compiles": compiles,
         }
         connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -459,7 +469,7 @@ class ForkServer:
 
 # --- This process's servers ----------------------------------------------------------------------
 
-_servers: dict[tuple[str, frozenset[tuple[str, str]], bool], ForkServer] = {}
+_servers: dict[tuple[str, frozenset[tuple[str, str]]], ForkServer] = {}
 _enabled = False
 _registry_lock = threading.Lock()
 
@@ -482,17 +492,16 @@ def disable() -> None:
         server.close()
 
 
-def server_for(python: str, env: Mapping[str, str], compiles: bool = False) -> ForkServer | None:
-    """This process's server for ``python`` and ``env`` (but :data:`PER_RUN`), of runs that compile or not,
-    started by the first call that asks for it; None while servers are off or :data:`MAX_SERVERS` serve
-    others."""
-    key = (python, read_at_import(env), compiles)
+def server_for(python: str, env: Mapping[str, str]) -> ForkServer | None:
+    """This process's server for ``python`` and ``env`` (but :data:`PER_RUN`), started by the first call that
+    asks for it; None while servers are off or :data:`MAX_SERVERS` serve others."""
+    key = (python, read_at_import(env))
     with _registry_lock:
         if not _enabled:
             return None
         server = _servers.get(key)
         if server is None and len(_servers) < MAX_SERVERS:
-            server = _servers[key] = ForkServer(python, env, compiles)
+            server = _servers[key] = ForkServer(python, env)
             server.start()
         return server
 
@@ -506,12 +515,12 @@ def spawn(
     memory_limit: int | None,
     compiles: bool = False,
 ) -> WarmProcess | None:
-    """``script`` started by this process's server for ``env`` and ``compiles`` (the first call for them
-    starts one and waits for its import, which a fresh process would spend itself); None where servers are
-    off, or the server could not start it."""
-    server = server_for(python, env, compiles)
-    return None if server is None else server.spawn(script, out, log_path, memory_limit, env)
+    """``script`` started by this process's server for ``env`` (the first call for it starts one and waits
+    for its import, which a fresh process would spend itself; ``compiles``: the script compiles); None where
+    servers are off, or the server could not start it."""
+    server = server_for(python, env)
+    return None if server is None else server.spawn(script, out, log_path, memory_limit, env, compiles)
 
 
 if __name__ == "__main__":
-    serve(sys.argv[1], compiles=sys.argv[2:] == ["compiles"])
+    serve(sys.argv[1])
