@@ -2,17 +2,16 @@
 ``fresh``.
 
 With ``warm`` (the default, on Linux) each xdist worker imports torch and transformers once, in a server
-(``run/forkserver.py``), and starts every CPU-side script (the reference, the teacher-forced check, the
-judge) as a fork of it, and every one-rank device run on the cpu device as a fork of a second server
-(whose environment holds the device table's inductor variables, and which imports what a first compile
-imports); with ``fresh`` each is a new ``python`` process. The same sweep of tiny-zoo generation models
-runs once each way, ``-n 2``, with the cpu row's own backend (inductor; ``--compile-backend=eager`` to
-leave the compiler out), each with an inductor cache of its own that starts empty (both compile cold, as
-on a fresh CI machine; inductor keeps its precompiled headers under ``<tmp>/torchinductor_<user>``
-whatever the cache folder, so on a machine that has none the first session, fresh, builds them), and no
-reference cache (every reference runs). Prints each session's wall seconds and the CPU seconds of it and
-its children, whether both gave the same rows (result and tokens), then warm's CPU and wall over
-fresh's.
+(``run/forkserver.py``), and starts every CPU-side script (the reference, the teacher-forced check, the judge) as a
+fork of it, and every one-rank device run on the cpu device as a fork of the same server (on the cpu device the two
+sides' environments are one, holding the device table's inductor variables; it imports what a first compile imports
+before its first compiling run); with ``fresh`` each is a new ``python`` process. The same sweep of tiny-zoo
+generation models runs once each way, ``-n 2``, with the cpu row's own backend (inductor;
+``--compile-backend=eager`` to leave the compiler out), each with an inductor cache of its own that starts empty
+(both compile cold, as on a fresh CI machine; inductor keeps its precompiled headers under
+``<tmp>/torchinductor_<user>`` whatever the cache folder, so on a machine that has none the first session, fresh,
+builds them), and no reference cache (every reference runs). Prints each session's wall seconds and the CPU seconds
+of it and its children, whether both gave the same rows (result and tokens), then warm's CPU and wall over fresh's.
 
 What it answers: how much of a sweep's cost is starting Python, that is, what the warm starts give the
 main job's 9-minute and ``.ci/run``'s 20-minute targets. The figures go to

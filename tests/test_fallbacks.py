@@ -3,11 +3,12 @@ that makes each of those calls again alone.
 
 No CPU falls back to anything, so the host fallback is planted for real: a stand-in for a device wheel
 (``planted_wheel``), installed as a distribution whose ``torch.backends`` entry point torch autoloads in every
-process that imports it (as torch-neuronx is; the CPU side's ``TORCH_DEVICE_BACKEND_AUTOLOAD=0`` keeps it out of
-the CPU reference), registers its own CPU kernel for ``aten::embedding`` through ``torch.library`` and lists the
-op once that kernel ran on more than one token, as torch-neuronx's ``get_fallback_ops()`` lists an op it ran on
-the host: the prompt's embeddings fall back, a decoding step's do not. A device row
-whose ``fallback_ops_expr`` reads that list stands in for the neuron row.
+process that imports it (as torch-neuronx is; the CPU side's ``TORCH_DEVICE_BACKEND_AUTOLOAD=0`` keeps it out of the
+CPU reference, and the tests' own ``=1`` lets it into the device run, where the cpu row would keep it out),
+registers its own CPU kernel for ``aten::embedding`` through ``torch.library`` and lists the op once that kernel ran
+on more than one token, as torch-neuronx's ``get_fallback_ops()`` lists an op it ran on the host: the prompt's
+embeddings fall back, a decoding step's do not. A device row whose ``fallback_ops_expr`` reads that list stands in
+for the neuron row.
 """
 
 from __future__ import annotations
@@ -72,6 +73,9 @@ def wheel(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: planted-wheel\nVersion: 0.1\n")
     (info / "entry_points.txt").write_text("[torch.backends]\nplanted_wheel = planted_wheel:autoload\n")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(folder), os.environ.get("PYTHONPATH")])))
+    # The neuron row autoloads its wheel; the cpu row this stands in with keeps device backends out, under the
+    # caller's own value (which the device run keeps, and the CPU side's 0 overrides).
+    monkeypatch.setenv("TORCH_DEVICE_BACKEND_AUTOLOAD", "1")
     return folder
 
 

@@ -341,6 +341,10 @@ def test_a_warm_device_run_compiles_with_the_settings_its_environment_names(
             "original_dir": folder,
             "parent": server.pid,
         }
+        # The server imported them itself, once: a run forked after it finds them, and forks still work.
+        run(write(tmp_path / "after", INDUCTOR_SETTINGS), device_env)
+        after = json.loads((tmp_path / "after" / "result.json").read_text())
+        assert (after["started_with"], after["parent"]) == (said["started_with"], server.pid)
 
         importing = "import torch._inductor.config as config"
         setting_itself = INDUCTOR_SETTINGS.replace(

@@ -416,7 +416,7 @@ found[{task!r}] = labels
     script += "print(json.dumps(found))\n"
     (folder / "pipeline_labels.py").write_text(script, encoding="utf-8")
     proc = subprocess.run(
-        [sys.executable, "pipeline_labels.py"], cwd=folder, capture_output=True, text=True, timeout=300, check=False
+        [sys.executable, "pipeline_labels.py"], cwd=folder, capture_output=True, text=True, timeout=900, check=False
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     labels: dict[str, list[str]] = json.loads(proc.stdout.strip().splitlines()[-1])

@@ -58,7 +58,8 @@ def test_runs_are_offline_only_when_the_session_found_the_hub_unreachable() -> N
     assert session_env(up, {"HF_HUB_OFFLINE": "1"}) == {"HF_HUB_OFFLINE": "1"}
     # Both kinds of process a model's check starts: the device run and every CPU-side run.
     assert device_run_env(down, environ, {"NEURON_RT_VISIBLE_CORES": "4"})["HF_HUB_OFFLINE"] == "1"
-    assert cpu_env(down, environ) == {"HOME": "/h", "HF_HUB_OFFLINE": "1", **NO_DEVICE_ENV}
+    # (on the cpu device the CPU side also holds the device table's compiler settings: test_devices)
+    assert cpu_env(down, environ) == {"HOME": "/h", "HF_HUB_OFFLINE": "1", **NO_DEVICE_ENV, **DEVICES["cpu"].env_for(1)}
     assert device_run_env(up, environ, {})["HF_HUB_OFFLINE"] == "0"
     assert cpu_env(up, environ)["HF_HUB_OFFLINE"] == "0"
     assert environ["HF_HUB_OFFLINE"] == "0"  # the caller's mapping is not changed

@@ -137,13 +137,14 @@ def test_tiny_zoo_sweep_passes_every_architecture_with_four_workers_over_four_co
     assert (hit == (rows.graphs_compiled >= 8)).all(), rows[["graphs_compiled", "recompile_limit"]]
     assert rows.recompile_limit[hit].str.startswith("torch._dynamo hit config.recompile_limit (8); function: ").all()
     assert rows.recompile_limit[hit].str.contains("; last reason: ").all(), rows.recompile_limit[hit]
-    # CPU-side runs load no device backend; the device run does not get that switch.
+    # No run loads a device backend: the CPU side's switch, and the cpu row's own (a trn2 host's torch-neuronx would
+    # otherwise load into a --device=cpu run), so one warm interpreter serves both sides.
     runs = pytester.path / "out" / "runs" / "tiny-random--qwen3" / "cpu"
     reference = json.loads((runs / "reference" / "result.json").read_text())
     row_env = {"TORCHINDUCTOR_VEC_ISA_OK": "1", "TORCHINDUCTOR_CPP_WRAPPER": "1"}  # the cpu row's, as run.py set them
     assert reference["environment"] == {"TORCH_DEVICE_BACKEND_AUTOLOAD": "0", **row_env}
     device = json.loads((runs / "device" / "result.json").read_text())
-    assert device["environment"] == {"TORCH_DEVICE_BACKEND_AUTOLOAD": None, **row_env}
+    assert device["environment"] == {"TORCH_DEVICE_BACKEND_AUTOLOAD": "0", **row_env}
     # A one-rank run compiles with inductor's C++ wrapper (the cpu row's unsharded_env); a sharded run's ranks
     # keep the Python wrapper, which can call a tensor-parallel graph's ops.
     sharded_run = pytester.path / "out" / "runs" / "tiny-random--olmo2" / "cpu" / "device" / "result.json"

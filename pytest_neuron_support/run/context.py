@@ -109,8 +109,8 @@ class Job:
         self, spec: RunSpec | TrainSpec, folder: str, cancel: threading.Event | None = None
     ) -> tuple[str, ProcessOutcome]:
         """:meth:`execute` on the CPU side (:func:`cpu_env`). A script that compiles nothing (a reference,
-        a check) starts from the session's warm interpreter where there is one (``run.forkserver``);
-        one that compiles (training's CPU side with ``torch_compile``) is always a fresh process."""
+        a check, training's CPU side: each is built eager) starts from the session's warm interpreter where there
+        is one (``run.forkserver``); one that compiled would always be a fresh process."""
         return self.execute(spec, folder, self.cpu_env(), cancel, warm=not spec.compile)
 
 
@@ -167,10 +167,10 @@ def cpu_env(settings: Settings, environ: Mapping[str, str]) -> dict[str, str]:
     environment holds beside the caller's (:func:`_device_variables`; the caller's own value still wins), so
     that the two environments are one and one warm interpreter a process serves both sides' runs
     (``run.forkserver``: a server serves only runs of its own environment, and each costs an import of torch
-    and transformers, about 4.5 CPU-s). Those variables are inductor's settings, read only by a compile (a
-    CPU-side script that compiles, training's CPU side with ``torch_compile``, then compiles as the cpu
-    device's one-rank runs do), and the cpu row's ``TORCH_DEVICE_BACKEND_AUTOLOAD=0``, which is
-    :data:`NO_DEVICE_ENV` itself."""
+    and transformers, about 4.5 CPU-s). Those variables are inductor's settings, read only by a compile (no
+    CPU-side script compiles: references, checks and training's CPU side are built eager; run.py sets the
+    same ones itself from its SPEC's cpu row), and the cpu row's ``TORCH_DEVICE_BACKEND_AUTOLOAD=0``, which
+    is :data:`NO_DEVICE_ENV` itself."""
     env = session_env(settings, environ)
     shared = _device_variables(settings, 1) if settings.device.warm_runs else {}
     return {**shared, **{k: v for k, v in env.items() if k not in _PIN_VARS}, **NO_DEVICE_ENV}

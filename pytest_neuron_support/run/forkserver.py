@@ -437,6 +437,9 @@ class ForkServer:
             connection.settimeout(_ANSWER_S)
             connection.connect(self.address)
             connection.sendall((json.dumps(request) + "\n").encode())
+            # A run that compiles may wait for the server's import of the compiler first, which is as much a
+            # part of its being ready as its first import (a run given up on meanwhile would start twice).
+            connection.settimeout(READY_WAIT_S if compiles else _ANSWER_S)
             answer = b""
             while not answer.endswith(b"\n"):
                 data = connection.recv(64)
