@@ -330,9 +330,9 @@ def test_a_warm_device_run_compiles_with_the_settings_its_environment_names(
         said = json.loads((tmp_path / "device" / "result.json").read_text())
         assert outcome.returncode == 0
         # Served warm (a fork of that server, which imported what a first compile imports before it) and with the
-        # setting;
-        # what torch and multiprocessing derived from the working directory at import is the run's folder, as
-        # for a fresh run.py (compile debug output and a compile error's minifier go there, not the server's).
+        # setting; what torch and multiprocessing derived from the working directory at import is the run's
+        # folder, as for a fresh run.py (compile debug output and a compile error's minifier go there, not the
+        # server's).
         folder = str(tmp_path / "device")
         assert said == {
             "cpp_wrapper": True,

@@ -381,8 +381,6 @@ def pipeline_labels(repos: dict[str, str], folder: Path) -> dict[str, list[str]]
     """What ``transformers.pipeline(task)`` decides for each task's sentences (or images, or waveforms), item by
     item, for each ``{task: repo}``: one script in ``folder``, one subprocess for them all (torch and transformers
     imported once)."""
-    from pytest_neuron_support.tasks.table import task_of
-
     readers = []
     for task, repo in repos.items():
         forward = task_of(task)

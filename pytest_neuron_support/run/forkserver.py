@@ -33,8 +33,8 @@ runs checks and off at its end (:func:`disable`). The first run of an environmen
 waits for its import, the import it would otherwise have done itself, so a process that starts one
 CPU-side script pays about what it did, and every later one saves its import.
 
-Run as ``python -m pytest_neuron_support.run.forkserver SOCKET``: serves until its stdin
-closes, which its parent's end does.
+Run as ``python -m pytest_neuron_support.run.forkserver SOCKET``: serves until its stdin closes, which
+its parent's end does.
 """
 
 from __future__ import annotations
